@@ -1,0 +1,252 @@
+"""Every private torch API torchcond touches, in one place.
+
+Each name below was checked on torch 2.11 (the GPU machines) and torch 2.13 (CPU CI).
+When torch moves one of them, this module is the only file that changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MIN_TORCH = (2, 11)
+CHECKED_TORCH = ((2, 11), (2, 13))
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+TORCH_VERSION = _torch_version()
+if TORCH_VERSION < MIN_TORCH:
+    raise ImportError(
+        f"torchcond needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; "
+        f"found torch {torch.__version__}"
+    )
+
+# --- operators and dispatch ------------------------------------------------------
+
+from torch._C import DispatchKey  # noqa: E402
+from torch._ops import HigherOrderOperator  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
+from torch.fx.experimental import proxy_tensor as _proxy_tensor  # noqa: E402
+from torch.fx.experimental.proxy_tensor import (  # noqa: E402
+    ProxyTorchDispatchMode,
+    disable_proxy_modes_tracing,
+    get_proxy_slot,
+    track_tensor_tree,
+)
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+
+from torch._higher_order_ops.utils import (  # noqa: E402
+    _maybe_run_with_interpreter as run_with_interpreter,
+)
+
+__all__ = [
+    "DispatchKey",
+    "FakeTensor",
+    "FakeTensorMode",
+    "HigherOrderOperator",
+    "ProxyTorchDispatchMode",
+    "StorageWeakRef",
+    "disable_proxy_modes_tracing",
+    "get_proxy_slot",
+    "run_with_interpreter",
+    "track_tensor_tree",
+]
+
+_len_dispatch_stack = torch._C._len_torch_dispatch_stack
+_len_pre_dispatch_stack = torch._ops._len_torch_dispatch_stack_pre_dispatch
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_batched = torch._C._functorch.is_batchedtensor
+_functorch_unwrap = torch._C._functorch.get_unwrapped
+
+
+def no_mode_active() -> bool:
+    """True when no torch dispatch mode (fake, proxy, functional, pre-dispatch) is on."""
+    return _len_dispatch_stack() == 0 and _len_pre_dispatch_stack() == 0
+
+
+def is_functorch_wrapped(t: torch.Tensor) -> bool:
+    return _is_functorch_wrapped(t)
+
+
+def is_vmapped(t: torch.Tensor) -> bool:
+    """True when ``t`` is batched at any functorch level (vmap, vmap of grad, ...)."""
+    while _is_functorch_wrapped(t):
+        if _is_batched(t):
+            return True
+        t = _functorch_unwrap(t)
+    return False
+
+
+def is_exporting() -> bool:
+    return torch.compiler.is_exporting()
+
+
+def is_dynamo_compiling() -> bool:
+    return torch.compiler.is_dynamo_compiling()
+
+
+# --- shapes ------------------------------------------------------------------------
+
+
+def ignore_fresh_unbacked(mode: FakeTensorMode):
+    """Branch outputs' fresh unbacked symbols belong to the subgraph, not the caller."""
+    if mode.shape_env is None:
+        return contextlib.nullcontext()
+    return mode.shape_env.ignore_fresh_unbacked_symbols()
+
+
+def sym_range(shape_env, size) -> tuple[Any, Any]:
+    """The value range the shape env knows for ``size`` (an int or a SymInt)."""
+    if isinstance(size, int):
+        return size, size
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    r = shape_env.var_to_range.get(size.node.expr, ValueRanges.unknown())
+    return r.lower, r.upper
+
+
+def new_unbacked_size(shape_env, lower, upper) -> torch.SymInt:
+    size = shape_env.create_unbacked_symint()
+    shape_env.constrain_symbol_range(size.node.expr, lower, upper)
+    return size
+
+
+def same_size(a, b) -> bool:
+    """Statically equal sizes, with no guard; unbacked sizes are never assumed equal."""
+    from torch.fx.experimental.symbolic_shapes import (
+        SymIntEqByExpr,
+        has_free_unbacked_symbols,
+    )
+
+    def unbacked(s):
+        return not isinstance(s, int) and has_free_unbacked_symbols(s.node.expr)
+
+    if unbacked(a) or unbacked(b):
+        return a is b
+    return SymIntEqByExpr(a) == SymIntEqByExpr(b)
+
+
+def definitely_contiguous(t: torch.Tensor) -> bool:
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    return guard_or_false(t.is_contiguous())
+
+
+# --- graph analysis ----------------------------------------------------------------
+
+
+def graph_alias_and_mutation(gm: torch.fx.GraphModule):
+    """(input->output alias map, output->output alias map, mutated input indices).
+
+    Reads the fake values make_fx stores in ``node.meta['val']``.
+    """
+    from torch._higher_order_ops.utils import (
+        check_input_alias_and_mutation_return_outputs,
+    )
+
+    _, inp_out, out_out, mutated, _ = check_input_alias_and_mutation_return_outputs(gm)
+    return inp_out, out_out, mutated
+
+
+# --- tracing a branch with closure lifting -----------------------------------------
+
+
+class _LiftingTracker:
+    """A proxy-slot table that, on a miss, lifts what the parent tracer knows.
+
+    make_fx's sub-tracer bakes a tensor it has never seen into the subgraph as a
+    constant, and fails on a SymInt it has never seen. Both are closures over values
+    of the enclosing graph. Here a miss asks the parent tracer; when the parent tracks
+    the value, it becomes a new placeholder of the subgraph and is recorded so the
+    caller can pass it in as an explicit operand.
+    """
+
+    def __init__(self, base, sub_tracer, parent_tracer, lifted: list):
+        self._base = base
+        self._sub = sub_tracer
+        self._parent = parent_tracer
+        self._lifted = lifted
+
+    def get(self, key, default=None):
+        value = self._base.get(key)
+        if value is None:
+            value = self._lift(key)
+        return default if value is None else value
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def __contains__(self, key):
+        return key in self._base
+
+    def __getitem__(self, key):
+        return self._base[key]
+
+    def __setitem__(self, key, value):
+        self._base[key] = value
+
+    def __len__(self):
+        return len(self._base)
+
+    def _lift(self, key):
+        outer = get_proxy_slot(key, self._parent, None)
+        if outer is None:
+            return None
+        outer_proxy = outer.proxy if isinstance(key, torch.Tensor) else outer.force()
+        graph = self._sub.graph
+        placeholders = graph.find_nodes(op="placeholder")
+        where = (
+            graph.inserting_after(placeholders[-1])
+            if placeholders
+            else graph.inserting_before(next(iter(graph.nodes), None))
+        )
+        with where:
+            node = graph.placeholder(outer_proxy.node.name)
+        proxy = torch.fx.Proxy(node, self._sub)
+        if isinstance(key, torch.Tensor):
+            track_tensor_tree(key, proxy, constant=None, tracer=self._sub)
+        else:
+            node.meta["val"] = key
+            self._base[key] = _proxy_tensor.thunkify(self._sub, lambda: proxy)
+        self._lifted.append((key, node))
+        return self._base.get(key)
+
+
+def current_make_fx_tracer():
+    tracer = _proxy_tensor._CURRENT_MAKE_FX_TRACER
+    if tracer is None:
+        raise RuntimeError(
+            "torchcond: a branch can only be traced inside a make_fx/export session"
+        )
+    return tracer
+
+
+def trace_subgraph_lifting(
+    fn: Callable, args: tuple, parent_fx_tracer
+) -> tuple[torch.fx.GraphModule, list]:
+    """make_fx ``fn`` as a subgraph of the current trace, lifting closures.
+
+    Returns the GraphModule and ``[(value, placeholder_node), ...]`` for every value
+    lifted, in first-use order. Nodes carry the user's stack trace.
+    """
+    parent = current_make_fx_tracer()
+    sub = parent._make_sub_tracer()
+    lifted: list = []
+    with sub._init_modes_from_parent(parent):
+        fx_tracer = sub.fx_tracer
+        fx_tracer.record_stack_traces = True
+        fx_tracer.tensor_tracker = _LiftingTracker(
+            fx_tracer.tensor_tracker, fx_tracer, parent_fx_tracer, lifted
+        )
+        fx_tracer.symnode_tracker = _LiftingTracker(
+            fx_tracer.symnode_tracker, fx_tracer, parent_fx_tracer, lifted
+        )
+        gm = sub._trace_inner(run_with_interpreter(fn), *args)
+    return gm, lifted

@@ -1,0 +1,237 @@
+"""``cond`` and ``switch``: validate, take the eager fast path, or call the operator.
+
+Eager (real tensors, no mode, no dynamo, predicate readable on the host) is a Python
+``if``: read the predicate, call the taken branch, done. Everything else flattens the
+operand pytree and calls the higher-order operator, whose rules live in ``ops.py``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import _compat
+from .errors import CondArgumentError, UnsupportedCondError
+from .ops import clamp_index, cond_op, switch_op
+from .tracing import FlatBranch, branch_specs
+
+_Tensor = torch.Tensor
+
+
+def cond(
+    pred: bool | torch.SymBool | torch.Tensor,
+    true_fn: Callable[..., Any],
+    false_fn: Callable[..., Any],
+    operands: tuple | list = (),
+) -> Any:
+    """Return ``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``.
+
+    Args:
+        pred: a Python bool or number, a ``SymBool``, or a tensor with exactly one
+            element of any real dtype (read with Python truthiness).
+        true_fn, false_fn: callables taking ``*operands``. They must return pytrees
+            (tuple/list/dict) of tensors with the same structure, dtypes, devices,
+            layouts and ranks; sizes may differ (they become unbacked sizes when
+            traced). They may close over tensors, parameters and buffers.
+        operands: a tuple or list of pytrees whose leaves are tensors.
+
+    In eager mode only the taken branch runs, exactly as a Python ``if``. Under
+    tracing (``make_fx``, ``torch.export``, fake tensors) both branches are traced
+    into a single ``torch.ops.higher_order.torchcond_cond`` node.
+    """
+    if type(pred) is _Tensor and _compat.no_mode_active() and not _compat.is_dynamo_compiling():
+        _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
+        _check_operands(operands)
+        if not _compat.is_functorch_wrapped(pred) or not _compat.is_vmapped(pred):
+            _check_pred_tensor(pred)
+            return true_fn(*operands) if pred else false_fn(*operands)
+        raise UnsupportedCondError(
+            "cond: argument 'pred' is batched under torch.func.vmap (one predicate per "
+            "example); that needs a device-side select and is not supported yet. "
+            "Pass an unbatched predicate or use torch.where"
+        )
+    return _cond_slow(pred, true_fn, false_fn, operands)
+
+
+def switch(
+    index: int | torch.SymInt | torch.Tensor,
+    branches: Sequence[Callable[..., Any]],
+    operands: tuple | list = (),
+) -> Any:
+    """Return ``branches[clamp(index, 0, len(branches) - 1)](*operands)``.
+
+    Like ``jax.lax.switch``, an out-of-range index is clamped, in every mode: a
+    negative index takes ``branches[0]``, a too-large one takes ``branches[-1]``.
+
+    Args:
+        index: a Python int, a ``SymInt``, or a one-element tensor of integer dtype.
+        branches: a non-empty sequence of callables taking ``*operands``, under the
+            same output rules as :func:`cond`.
+        operands: a tuple or list of pytrees whose leaves are tensors.
+    """
+    branches = _check_branch_list(branches)
+    _check_operands(operands)
+    if type(index) is _Tensor and _compat.no_mode_active() and not _compat.is_dynamo_compiling():
+        if _compat.is_functorch_wrapped(index) and _compat.is_vmapped(index):
+            raise UnsupportedCondError(
+                "switch: argument 'index' is batched under torch.func.vmap; that needs "
+                "a device-side select and is not supported yet"
+            )
+        _check_index_tensor(index)
+        return branches[clamp_index(int(index), len(branches))](*operands)
+    return _switch_slow(index, branches, operands)
+
+
+# --- the traced path ------------------------------------------------------------------
+
+
+def _cond_slow(pred, true_fn, false_fn, operands):
+    _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
+    _check_operands(operands)
+    if isinstance(pred, (bool, int, float)) and not isinstance(pred, complex):
+        _warn_if_exporting("cond", "pred", pred)
+        return true_fn(*operands) if pred else false_fn(*operands)
+    pred = _normalize_pred(pred)
+    return _call_operator(
+        cond_op,
+        lambda b: (pred, b[0], b[1]),
+        [(true_fn, "true_fn"), (false_fn, "false_fn")],
+        operands,
+    )
+
+
+def _switch_slow(index, branches, operands):
+    n = len(branches)
+    if isinstance(index, int) and not isinstance(index, bool):
+        _warn_if_exporting("switch", "index", index)
+        return branches[clamp_index(index, n)](*operands)
+    index = _normalize_index(index, n)
+    return _call_operator(
+        switch_op,
+        lambda b: (index, tuple(b)),
+        [(fn, f"branches[{i}]") for i, fn in enumerate(branches)],
+        operands,
+    )
+
+
+def _call_operator(op, head, labelled_branches, operands):
+    flat_operands, in_spec = pytree.tree_flatten(operands)
+    in_spec = pytree.tree_structure(tuple(pytree.tree_unflatten(flat_operands, in_spec)))
+    flat_branches = [FlatBranch(fn, in_spec, label) for fn, label in labelled_branches]
+    flat_out = op(*head(flat_branches), tuple(flat_operands))
+    spec = next(s for s in branch_specs(flat_branches) if s is not None)
+    return pytree.tree_unflatten(list(flat_out), spec)
+
+
+def _warn_if_exporting(fn_name: str, arg: str, value) -> None:
+    if _compat.is_exporting():
+        warnings.warn(
+            f"{fn_name}: argument '{arg}' is the Python constant {value!r}, so only the "
+            "branch it selects is exported. Pass a tensor or a SymBool/SymInt to keep "
+            "every branch in the graph.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _normalize_pred(pred):
+    """Symbolic and tensor predicates as the operator takes them: SymBool or bool scalar."""
+    if isinstance(pred, torch.SymBool):
+        return pred
+    if isinstance(pred, (torch.SymInt, torch.SymFloat)):
+        return pred != 0
+    if not isinstance(pred, torch.Tensor):
+        raise CondArgumentError(
+            "cond: argument 'pred' must be a Python bool or number, a SymBool, or a "
+            f"tensor with one element; found {type(pred).__name__} ({pred!r})"
+        )
+    _check_pred_tensor(pred)
+    if pred.dtype is not torch.bool:
+        pred = pred != 0
+    return pred.reshape(()) if pred.dim() else pred
+
+
+def _normalize_index(index, n: int):
+    if isinstance(index, torch.SymInt):
+        return torch.sym_min(torch.sym_max(index, 0), n - 1)
+    if not isinstance(index, torch.Tensor):
+        raise CondArgumentError(
+            "switch: argument 'index' must be a Python int, a SymInt, or a one-element "
+            f"integer tensor; found {type(index).__name__} ({index!r})"
+        )
+    _check_index_tensor(index)
+    return index.reshape(()).clamp(0, n - 1)
+
+
+# --- validation -----------------------------------------------------------------------
+
+
+def _check_pred_tensor(pred: torch.Tensor) -> None:
+    if pred.numel() != 1:
+        raise CondArgumentError(
+            "cond: argument 'pred' must have exactly one element; found a tensor of "
+            f"shape {tuple(pred.shape)} ({pred.numel()} elements)"
+        )
+    if pred.dtype.is_complex:
+        raise CondArgumentError(
+            f"cond: argument 'pred' must have a real or bool dtype; found {pred.dtype}"
+        )
+
+
+def _check_index_tensor(index: torch.Tensor) -> None:
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype is torch.bool:
+        raise CondArgumentError(
+            f"switch: argument 'index' must have an integer dtype; found {index.dtype}"
+            + (" (use cond for a boolean predicate)" if index.dtype is torch.bool else "")
+        )
+    if index.numel() != 1:
+        raise CondArgumentError(
+            "switch: argument 'index' must have exactly one element; found a tensor of "
+            f"shape {tuple(index.shape)}"
+        )
+
+
+def _check_branches(fns, names) -> None:
+    for fn, name in zip(fns, names):
+        if not callable(fn):
+            raise CondArgumentError(
+                f"argument '{name}' must be callable; found {type(fn).__name__} ({fn!r})"
+            )
+
+
+def _check_branch_list(branches) -> list:
+    if not isinstance(branches, (list, tuple)):
+        raise CondArgumentError(
+            "switch: argument 'branches' must be a list or tuple of callables; found "
+            f"{type(branches).__name__}"
+        )
+    if not branches:
+        raise CondArgumentError(
+            "switch: argument 'branches' must hold at least one callable; found an "
+            "empty sequence"
+        )
+    _check_branches(branches, [f"branches[{i}]" for i in range(len(branches))])
+    return list(branches)
+
+
+def _check_operands(operands) -> None:
+    if type(operands) is tuple or type(operands) is list:
+        if all(type(o) is _Tensor for o in operands):
+            return
+    else:
+        if not isinstance(operands, (tuple, list)):
+            raise CondArgumentError(
+                "argument 'operands' must be a tuple or list of pytrees of tensors; "
+                f"found {type(operands).__name__}"
+            )
+    leaves, _ = pytree.tree_flatten_with_path(operands)
+    for path, leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            raise CondArgumentError(
+                "argument 'operands': every leaf must be a torch.Tensor; "
+                f"operands{pytree.keystr(path)} is {type(leaf).__name__} ({leaf!r})"
+            )

@@ -1,0 +1,104 @@
+"""Several branches' fake outputs -> the one output the operator promises.
+
+Used wherever the taken branch is unknown (fake tensors, meta tensors, symbolic
+predicates): every branch runs, and their outputs must agree on everything but sizes.
+Sizes that differ become fresh unbacked SymInts whose range covers every branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from . import _compat
+from .errors import BranchMismatchError
+
+_MATCHING_ATTRIBUTES = ("dtype", "device", "layout", "ndim", "is_quantized", "is_sparse")
+
+
+def merge_branch_outputs(
+    branch_outputs: Sequence[tuple[torch.Tensor, ...]],
+    labels: Sequence[str],
+    paths: Sequence[str],
+    shape_env=None,
+) -> tuple[torch.Tensor, ...]:
+    """Return fresh empty tensors describing every branch's outputs at once."""
+    counts = {len(outs) for outs in branch_outputs}
+    if len(counts) != 1:
+        found = ", ".join(f"{lab} returns {len(o)}" for lab, o in zip(labels, branch_outputs))
+        raise BranchMismatchError(f"branches must return the same number of tensors: {found}")
+    return tuple(
+        _merge_leaf(leaves, labels, path, shape_env)
+        for leaves, path in zip(zip(*branch_outputs), paths)
+    )
+
+
+def _mismatch(path: str, what: str, labels, values) -> BranchMismatchError:
+    found = ", ".join(f"{lab} gives {v}" for lab, v in zip(labels, values))
+    return BranchMismatchError(f"{path}: branches must agree on {what}; {found}")
+
+
+def _merge_leaf(leaves, labels, path: str, shape_env) -> torch.Tensor:
+    for attr in _MATCHING_ATTRIBUTES:
+        values = [getattr(t, attr) for t in leaves]
+        if any(v != values[0] for v in values[1:]):
+            raise _mismatch(path, attr, labels, values)
+    first = leaves[0]
+    if first.is_quantized or first.is_sparse:
+        raise BranchMismatchError(
+            f"{path}: quantized and sparse outputs are not supported; found {first.layout}"
+        )
+    sizes, sizes_agree = _merge_sizes(leaves, labels, path, shape_env)
+    strides = _merge_strides(leaves, labels, path, sizes, sizes_agree)
+    return torch.empty_strided(sizes, strides, dtype=first.dtype, device=first.device)
+
+
+def _merge_sizes(leaves, labels, path, shape_env) -> tuple[list, bool]:
+    merged = []
+    agree = True
+    for dim, per_branch in enumerate(zip(*(t.shape for t in leaves))):
+        if all(_compat.same_size(per_branch[0], s) for s in per_branch[1:]):
+            merged.append(per_branch[0])
+            continue
+        if shape_env is None:
+            raise _mismatch(
+                f"{path} dim {dim}",
+                "sizes when tracing without symbolic shapes (use symbolic tracing or "
+                "torch.export to let sizes differ)",
+                labels,
+                per_branch,
+            )
+        agree = False
+        ranges = [_compat.sym_range(shape_env, s) for s in per_branch]
+        lower = min(r[0] for r in ranges)
+        upper = max(r[1] for r in ranges)
+        merged.append(_compat.new_unbacked_size(shape_env, lower, upper))
+    return merged, agree
+
+
+def _merge_strides(leaves, labels, path, sizes, sizes_agree: bool) -> list:
+    first = leaves[0]
+    same_strides = all(
+        all(_compat.same_size(a, b) for a, b in zip(t.stride(), first.stride()))
+        for t in leaves[1:]
+    )
+    if sizes_agree and same_strides:
+        return list(first.stride())
+    if all(_compat.definitely_contiguous(t) for t in leaves):
+        return _contiguous_strides(sizes)
+    raise _mismatch(
+        path,
+        "memory layout when sizes differ or layouts differ (return .contiguous() tensors)",
+        labels,
+        [f"size {tuple(t.shape)} stride {t.stride()}" for t in leaves],
+    )
+
+
+def _contiguous_strides(sizes) -> list:
+    strides = []
+    running = 1
+    for size in reversed(sizes):
+        strides.append(running)
+        running = running * size
+    return list(reversed(strides))

@@ -1,0 +1,230 @@
+"""The operators ``torchcond_cond`` and ``torchcond_switch`` and their dispatch rules.
+
+Both are one conditional over N branches; they differ only in how a call packs the
+selector and branches (see ``_Form``). Each dispatch key has one rule below, written
+once for N branches and installed on both operators.
+
+Operator contract (what the rules receive): ``operands`` is a flat tuple of tensors
+(and SymInts once closures are lifted); every branch takes ``*operands`` and returns a
+flat tuple of tensors. ``api.py`` builds that from the user's pytrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import _compat
+from ._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode
+from .errors import UnsupportedCondError
+from .merge import merge_branch_outputs
+from .tracing import branch_specs, check_same_structure, leaf_paths, trace_branches
+
+
+class CondOp(_compat.HigherOrderOperator):
+    """``torchcond_cond(pred, true_graph, false_graph, operands)``."""
+
+    def __init__(self):
+        super().__init__("torchcond_cond")
+
+    def __call__(self, pred, true_fn, false_fn, operands):
+        return super().__call__(pred, true_fn, false_fn, operands)
+
+
+class SwitchOp(_compat.HigherOrderOperator):
+    """``torchcond_switch(index, (branch_graph, ...), operands)``."""
+
+    def __init__(self):
+        super().__init__("torchcond_switch")
+
+    def __call__(self, index, branches, operands):
+        return super().__call__(index, tuple(branches), operands)
+
+
+cond_op = CondOp()
+switch_op = SwitchOp()
+
+
+class _Form:
+    """How one operator's call carries (selector, branches, operands)."""
+
+    def __init__(self, op, unpack, pack, taken, labels, graph_names):
+        self.op = op
+        self.unpack: Callable[[tuple], tuple] = unpack
+        self.pack: Callable[[object, Sequence, tuple], tuple] = pack
+        self.taken: Callable[[object, int], int] = taken
+        self.labels: Callable[[int], list[str]] = labels
+        self.graph_names: Callable[[torch.nn.Module, int], list[str]] = graph_names
+
+
+def clamp_index(index: int, n: int) -> int:
+    return min(max(index, 0), n - 1)
+
+
+def _free_name(root: torch.nn.Module, prefix: str, start: int = 0) -> int:
+    i = start
+    while hasattr(root, f"{prefix}_{i}"):
+        i += 1
+    return i
+
+
+def _cond_graph_names(root, n):
+    i = 0
+    while hasattr(root, f"true_graph_{i}") or hasattr(root, f"false_graph_{i}"):
+        i += 1
+    return [f"true_graph_{i}", f"false_graph_{i}"]
+
+
+def _switch_graph_names(root, n):
+    names, i = [], 0
+    for _ in range(n):
+        i = _free_name(root, "branch_graph", i)
+        names.append(f"branch_graph_{i}")
+        i += 1
+    return names
+
+
+_FORMS = {
+    cond_op: _Form(
+        cond_op,
+        unpack=lambda args: (args[0], args[1:3], args[3]),
+        pack=lambda pred, branches, operands: (pred, *branches, operands),
+        taken=lambda pred, n: 0 if pred else 1,
+        labels=lambda n: ["true_fn", "false_fn"],
+        graph_names=_cond_graph_names,
+    ),
+    switch_op: _Form(
+        switch_op,
+        unpack=lambda args: args,
+        pack=lambda index, branches, operands: (index, tuple(branches), operands),
+        taken=lambda index, n: clamp_index(int(index), n),
+        labels=lambda n: [f"branches[{i}]" for i in range(n)],
+        graph_names=_switch_graph_names,
+    ),
+}
+
+
+# --- one rule per dispatch key -----------------------------------------------------
+
+
+def _dense(form: _Form, selector, branches, operands):
+    """Real tensors: run the taken branch. Meta predicates cannot be read: merge all."""
+    if isinstance(selector, torch.Tensor) and selector.device.type == "meta":
+        return _all_branches_merged(form, branches, operands, shape_env=None)
+    return tuple(branches[form.taken(selector, len(branches))](*operands))
+
+
+def _autograd(form: _Form, selector, branches, operands):
+    """Concrete predicate: the taken branch under ordinary autograd (any order)."""
+    if not (torch.is_grad_enabled() and _any_requires_grad(operands)):
+        with torch._C._AutoDispatchBelowAutograd():
+            return form.op(*form.pack(selector, branches, operands))
+    if _is_concrete(selector):
+        return tuple(branches[form.taken(selector, len(branches))](*operands))
+    raise UnsupportedCondError(
+        f"{form.op.name()}: differentiating through a conditional whose selector is "
+        f"symbolic or fake ({type(selector).__name__}) is not supported yet; "
+        "run the traced program under torch.no_grad(), or differentiate in eager mode"
+    )
+
+
+def _fake(form: _Form, mode: FakeTensorMode, selector, branches, operands):
+    """The selector is unknown: run every branch on fake tensors and merge."""
+    with mode, _compat.ignore_fresh_unbacked(mode):
+        return _all_branches_merged(form, branches, operands, mode.shape_env)
+
+
+def _proxy(form: _Form, mode: ProxyTorchDispatchMode, selector, branches, operands):
+    """One graph node whose branches are closure-free registered subgraphs."""
+    tracer = mode.tracer
+    labels = form.labels(len(branches))
+    graphs, operands = trace_branches(tracer, branches, tuple(operands), labels)
+    for name, gm in zip(form.graph_names(tracer.root, len(graphs)), graphs):
+        tracer.root.register_module(name, gm)
+    args = form.pack(selector, graphs, operands)
+    proxy_args = pytree.tree_map(tracer.unwrap_proxy, args)
+    out_proxy = tracer.create_proxy("call_function", form.op, proxy_args, {})
+    with torch._C._AutoDispatchBelowAutograd():
+        out = form.op(*args)
+    return _compat.track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
+
+
+def _functionalize(form: _Form, ctx, selector, branches, operands):
+    """Branches run functionalized; a write to an input shows up as a copy_ and is refused."""
+    inner_operands = ctx.unwrap_tensors(operands)
+    inner_selector = ctx.unwrap_tensors(selector) if isinstance(selector, torch.Tensor) else selector
+    with ctx.redispatch_to_next():
+        functional = [
+            SpecCarrier(ctx.functionalize(_compat.run_with_interpreter(b)), b)
+            for b in branches
+        ]
+        out = form.op(*form.pack(inner_selector, functional, inner_operands))
+    return ctx.wrap_tensors(out)
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+class SpecCarrier:
+    """A wrapped branch that still reports the output structure its origin recorded."""
+
+    def __init__(self, fn, origin):
+        self.fn = fn
+        self.origin = origin
+        self.__name__ = getattr(origin, "__name__", "branch")
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    @property
+    def out_spec(self):
+        return branch_specs([self.origin])[0]
+
+
+def _all_branches_merged(form, branches, operands, shape_env):
+    labels = form.labels(len(branches))
+    outs = [tuple(b(*operands)) for b in branches]
+    check_same_structure(branches, labels)
+    specs = [s for s in branch_specs(branches) if s is not None]
+    paths = leaf_paths(specs[0] if specs else None, len(outs[0]))
+    return merge_branch_outputs(outs, labels, paths, shape_env)
+
+
+def _any_requires_grad(operands) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in operands)
+
+
+def _is_concrete(selector) -> bool:
+    if isinstance(selector, torch.Tensor):
+        return not isinstance(selector, _compat.FakeTensor) and selector.device.type != "meta"
+    return not isinstance(selector, (torch.SymBool, torch.SymInt))
+
+
+def _install(form: _Form) -> None:
+    op, unpack = form.op, form.unpack
+
+    @op.py_impl(DispatchKey.CompositeExplicitAutograd)
+    def dense(*args):
+        return _dense(form, *unpack(args))
+
+    @op.py_autograd_impl
+    def autograd(*args):
+        return _autograd(form, *unpack(args))
+
+    @op.py_impl(FakeTensorMode)
+    def fake(mode, *args):
+        return _fake(form, mode, *unpack(args))
+
+    @op.py_impl(ProxyTorchDispatchMode)
+    def proxy(mode, *args):
+        return _proxy(form, mode, *unpack(args))
+
+    @op.py_functionalize_impl
+    def functionalize(ctx, *args):
+        return _functionalize(form, ctx, *unpack(args))
+
+
+for _form in _FORMS.values():
+    _install(_form)

@@ -1,0 +1,197 @@
+"""Branches as flat functions, and flat functions as closure-free GraphModules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import _compat
+from .errors import BranchMismatchError, BranchMutationError
+
+
+def describe_structure(spec: pytree.TreeSpec) -> str:
+    """A short picture of a pytree's shape, e.g. ``(Tensor, {'h': Tensor})``."""
+    marker = object()
+    tree = pytree.tree_unflatten([marker] * spec.num_leaves, spec)
+    return _render(tree, marker)
+
+
+def _render(tree, marker) -> str:
+    if tree is marker:
+        return "Tensor"
+    if isinstance(tree, dict):
+        items = ", ".join(f"{k!r}: {_render(v, marker)}" for k, v in tree.items())
+        return "{" + items + "}"
+    if isinstance(tree, list):
+        return "[" + ", ".join(_render(v, marker) for v in tree) + "]"
+    if isinstance(tree, tuple):
+        inner = ", ".join(_render(v, marker) for v in tree)
+        return f"({inner},)" if len(tree) == 1 else f"({inner})"
+    return repr(tree)
+
+
+def leaf_paths(spec: pytree.TreeSpec | None, count: int, root: str = "output") -> list[str]:
+    """``output[1]['h']``-style names of a flattened pytree's leaves."""
+    if spec is None:
+        return [f"{root}[{i}]" for i in range(count)]
+    tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    with_paths, _ = pytree.tree_flatten_with_path(tree)
+    return [root + pytree.keystr(path) for path, _ in with_paths]
+
+
+class FlatBranch:
+    """A user branch seen with flat tensor operands and a flat tuple of outputs.
+
+    Calling it records the output structure in ``out_spec``, so the caller can
+    rebuild the user's pytree and report mismatches by path.
+    """
+
+    def __init__(self, fn: Callable, in_spec: pytree.TreeSpec, label: str):
+        self.fn = fn
+        self.in_spec = in_spec
+        self.label = label
+        self.out_spec: pytree.TreeSpec | None = None
+        self.__name__ = getattr(fn, "__name__", label)
+
+    def __call__(self, *flat_operands):
+        out = self.fn(*pytree.tree_unflatten(list(flat_operands), self.in_spec))
+        flat, spec = pytree.tree_flatten(out)
+        check_tensor_leaves(flat, spec, f"{self.label} output")
+        self.out_spec = spec
+        return tuple(flat)
+
+
+def check_tensor_leaves(flat: Sequence, spec: pytree.TreeSpec, what: str) -> None:
+    for path, leaf in zip(leaf_paths(spec, len(flat)), flat):
+        if not isinstance(leaf, torch.Tensor):
+            raise BranchMismatchError(
+                f"{what}: every leaf must be a torch.Tensor; "
+                f"{path} is {type(leaf).__name__} ({leaf!r})"
+            )
+
+
+def branch_specs(branches: Sequence[Callable]) -> list[pytree.TreeSpec | None]:
+    """The output structure each branch recorded, if it is a traced or flat branch."""
+    return [_branch_spec(b) for b in branches]
+
+
+def _branch_spec(branch) -> pytree.TreeSpec | None:
+    if isinstance(branch, torch.fx.GraphModule):
+        return branch.meta.get("torchcond_out_spec")
+    return getattr(branch, "out_spec", None)
+
+
+def check_same_structure(branches: Sequence[Callable], labels: Sequence[str]) -> None:
+    """Every branch that recorded an output structure recorded the same one."""
+    recorded = [(lab, s) for lab, s in zip(labels, branch_specs(branches)) if s is not None]
+    for label, spec in recorded[1:]:
+        first_label, first = recorded[0]
+        if spec != first:
+            raise BranchMismatchError(
+                "branches must return the same pytree structure: "
+                f"{first_label} returns {describe_structure(first)}, "
+                f"{label} returns {describe_structure(spec)}"
+            )
+
+
+# --- tracing ---------------------------------------------------------------------
+
+
+def _lift_key(value) -> int:
+    return id(value.node) if isinstance(value, torch.SymInt) else id(value)
+
+
+def trace_branches(
+    parent_tracer, branches: Sequence[Callable], operands: tuple, labels: Sequence[str]
+) -> tuple[list[torch.fx.GraphModule], tuple]:
+    """Trace every branch into a GraphModule taking the same flat inputs.
+
+    Returns the graphs and the operands to call them with: the given operands, then
+    every closed-over tensor or SymInt any branch used, deduplicated, in one order.
+    """
+    traced = [
+        _compat.trace_subgraph_lifting(b, operands, parent_tracer) for b in branches
+    ]
+    check_same_structure(branches, labels)
+
+    lifted: dict[int, object] = {}
+    for _, branch_lifted in traced:
+        for value, _node in branch_lifted:
+            lifted.setdefault(_lift_key(value), value)
+
+    graphs = []
+    for (gm, branch_lifted), label, spec in zip(traced, labels, branch_specs(branches)):
+        gm.meta["torchcond_out_spec"] = spec
+        _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
+        _reject_input_mutation(gm, label, len(operands))
+        _clone_aliased_outputs(gm)
+        graphs.append(gm)
+    return graphs, tuple(operands) + tuple(lifted.values())
+
+
+def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int) -> None:
+    """Give ``gm`` one placeholder per lifted value, in the shared order."""
+    graph = gm.graph
+    mine = {_lift_key(v): node for v, node in branch_lifted}
+    anchor = graph.find_nodes(op="placeholder")[n_operands - 1] if n_operands else None
+    for key, value in lifted.items():
+        node = mine.get(key)
+        if node is None:
+            where = graph.inserting_after(anchor) if anchor else graph.inserting_before(
+                next(iter(graph.nodes))
+            )
+            with where:
+                node = graph.placeholder("unused_lifted")
+            node.meta["val"] = value
+        elif anchor is not None:
+            anchor.append(node)
+        else:
+            next(iter(graph.nodes)).prepend(node)
+        anchor = node
+    graph.lint()
+    gm.recompile()
+
+
+def _input_description(index: int, n_operands: int, node) -> str:
+    if index < n_operands:
+        return f"operand {index} (flattened)"
+    val = node.meta.get("val")
+    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    return f"closed-over tensor '{node.name}' of shape {shape}"
+
+
+def _reject_input_mutation(gm, label: str, n_operands: int) -> None:
+    _, _, mutated = _compat.graph_alias_and_mutation(gm)
+    if mutated:
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        i = mutated[0]
+        raise BranchMutationError(
+            f"{label} writes in place to its input {_input_description(i, n_operands, placeholders[i])}. "
+            "A traced branch may mutate its own intermediates, not its inputs: "
+            "return the new value as an output instead (eager calls run as a "
+            "Python `if` and allow it; traced ones cannot)"
+        )
+
+
+def _clone_aliased_outputs(gm) -> None:
+    """Outputs that are (views of) inputs, or repeat another output, become copies.
+
+    An identity branch then works everywhere without the user adding ``.clone()``,
+    and the operator's outputs never alias its inputs or each other.
+    """
+    inp_out, out_out, _ = _compat.graph_alias_and_mutation(gm)
+    aliased = set(inp_out.values()) | set(out_out.keys())
+    if not aliased:
+        return
+    output = gm.graph.find_nodes(op="output")[0]
+    outs = list(output.args[0])
+    for i in sorted(aliased):
+        with gm.graph.inserting_before(output):
+            clone = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],))
+        with _compat.disable_proxy_modes_tracing():
+            clone.meta["val"] = outs[i].meta["val"].clone()
+        outs[i] = clone
+    output.args = (tuple(outs),)
+    gm.recompile()
