@@ -209,6 +209,7 @@ class _LiftingTracker:
         )
         with where:
             node = graph.placeholder(outer_proxy.node.name)
+        node.target = node.name  # the argument name must be unique too
         proxy = torch.fx.Proxy(node, self._sub)
         if isinstance(key, torch.Tensor):
             track_tensor_tree(key, proxy, constant=None, tracer=self._sub)
@@ -228,8 +229,31 @@ def current_make_fx_tracer():
     return tracer
 
 
+@contextlib.contextmanager
+def _branch_stack_traces(fx_tracer, user_fn):
+    """Nodes record the branch's own source lines, not the line that called cond.
+
+    Export keeps the caller's stack trace in fx's "current meta" and stamps it on
+    every node it creates; while a branch is traced we hide it and let the tracer
+    record stack frames, keeping the branch function's frames.
+    """
+    from torch.fx import proxy as fx_proxy
+    from torch.fx import traceback as fx_traceback
+
+    fx_proxy._register_stack_trace_anchor(user_fn)
+    fx_tracer.record_stack_traces = True
+    fx_tracer._record_forward_stack_traces_only = True
+    meta = fx_traceback.current_meta
+    saved = meta.pop("stack_trace", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            meta["stack_trace"] = saved
+
+
 def trace_subgraph_lifting(
-    fn: Callable, args: tuple, parent_fx_tracer
+    fn: Callable, args: tuple, parent_fx_tracer, user_fn: Callable | None = None
 ) -> tuple[torch.fx.GraphModule, list]:
     """make_fx ``fn`` as a subgraph of the current trace, lifting closures.
 
@@ -241,12 +265,12 @@ def trace_subgraph_lifting(
     lifted: list = []
     with sub._init_modes_from_parent(parent):
         fx_tracer = sub.fx_tracer
-        fx_tracer.record_stack_traces = True
         fx_tracer.tensor_tracker = _LiftingTracker(
             fx_tracer.tensor_tracker, fx_tracer, parent_fx_tracer, lifted
         )
         fx_tracer.symnode_tracker = _LiftingTracker(
             fx_tracer.symnode_tracker, fx_tracer, parent_fx_tracer, lifted
         )
-        gm = sub._trace_inner(run_with_interpreter(fn), *args)
+        with _branch_stack_traces(fx_tracer, user_fn or fn):
+            gm = sub._trace_inner(run_with_interpreter(fn), *args)
     return gm, lifted

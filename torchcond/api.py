@@ -112,7 +112,7 @@ def _switch_slow(index, branches, operands):
     index = _normalize_index(index, n)
     return _call_operator(
         switch_op,
-        lambda b: (index, tuple(b)),
+        lambda b: (index, *b),
         [(fn, f"branches[{i}]") for i, fn in enumerate(branches)],
         operands,
     )

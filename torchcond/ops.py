@@ -34,13 +34,17 @@ class CondOp(_compat.HigherOrderOperator):
 
 
 class SwitchOp(_compat.HigherOrderOperator):
-    """``torchcond_switch(index, (branch_graph, ...), operands)``."""
+    """``torchcond_switch(index, branch_graph_0, ..., branch_graph_n, operands)``.
+
+    Branches are positional, not one tuple: torch.export's serialization schema has
+    an argument kind for a graph but none for a list of graphs.
+    """
 
     def __init__(self):
         super().__init__("torchcond_switch")
 
-    def __call__(self, index, branches, operands):
-        return super().__call__(index, tuple(branches), operands)
+    def __call__(self, index, *branches_then_operands):
+        return super().__call__(index, *branches_then_operands)
 
 
 cond_op = CondOp()
@@ -97,8 +101,8 @@ _FORMS = {
     ),
     switch_op: _Form(
         switch_op,
-        unpack=lambda args: args,
-        pack=lambda index, branches, operands: (index, tuple(branches), operands),
+        unpack=lambda args: (args[0], args[1:-1], args[-1]),
+        pack=lambda index, branches, operands: (index, *branches, operands),
         taken=lambda index, n: clamp_index(int(index), n),
         labels=lambda n: [f"branches[{i}]" for i in range(n)],
         graph_names=_switch_graph_names,

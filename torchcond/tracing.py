@@ -99,6 +99,15 @@ def check_same_structure(branches: Sequence[Callable], labels: Sequence[str]) ->
 # --- tracing ---------------------------------------------------------------------
 
 
+def _user_fn(branch: Callable) -> Callable:
+    """The user's own function behind a (possibly wrapped) branch."""
+    while True:
+        inner = getattr(branch, "origin", None) or getattr(branch, "fn", None)
+        if inner is None or not callable(inner):
+            return branch
+        branch = inner
+
+
 def _lift_key(value) -> int:
     return id(value.node) if isinstance(value, torch.SymInt) else id(value)
 
@@ -112,7 +121,8 @@ def trace_branches(
     every closed-over tensor or SymInt any branch used, deduplicated, in one order.
     """
     traced = [
-        _compat.trace_subgraph_lifting(b, operands, parent_tracer) for b in branches
+        _compat.trace_subgraph_lifting(b, operands, parent_tracer, _user_fn(b))
+        for b in branches
     ]
     check_same_structure(branches, labels)
 
@@ -121,11 +131,12 @@ def trace_branches(
         for value, _node in branch_lifted:
             lifted.setdefault(_lift_key(value), value)
 
+    operand_paths = _operand_paths(branches, len(operands))
     graphs = []
     for (gm, branch_lifted), label, spec in zip(traced, labels, branch_specs(branches)):
         gm.meta["torchcond_out_spec"] = spec
         _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
-        _reject_input_mutation(gm, label, len(operands))
+        _reject_input_mutation(gm, label, operand_paths)
         _clone_aliased_outputs(gm)
         graphs.append(gm)
     return graphs, tuple(operands) + tuple(lifted.values())
@@ -144,6 +155,7 @@ def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int)
             )
             with where:
                 node = graph.placeholder("unused_lifted")
+            node.target = node.name
             node.meta["val"] = value
         elif anchor is not None:
             anchor.append(node)
@@ -154,21 +166,35 @@ def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int)
     gm.recompile()
 
 
-def _input_description(index: int, n_operands: int, node) -> str:
-    if index < n_operands:
-        return f"operand {index} (flattened)"
+def _operand_paths(branches, n_operands: int) -> list[str]:
+    """``operands[0]['h']``-style names of the flat operands, when the user's pytree is known."""
+    in_spec = getattr(_flat_branch(branches[0]), "in_spec", None)
+    if in_spec is None or in_spec.num_leaves != n_operands:
+        return [f"operands (flattened)[{i}]" for i in range(n_operands)]
+    return leaf_paths(in_spec, n_operands, root="operands")
+
+
+def _flat_branch(branch):
+    while not isinstance(branch, FlatBranch) and getattr(branch, "origin", None) is not None:
+        branch = branch.origin
+    return branch
+
+
+def _input_description(index: int, operand_paths: list[str], node) -> str:
+    if index < len(operand_paths):
+        return operand_paths[index]
     val = node.meta.get("val")
     shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
-    return f"closed-over tensor '{node.name}' of shape {shape}"
+    return f"a closed-over tensor ('{node.name}', shape {shape})"
 
 
-def _reject_input_mutation(gm, label: str, n_operands: int) -> None:
+def _reject_input_mutation(gm, label: str, operand_paths: list[str]) -> None:
     _, _, mutated = _compat.graph_alias_and_mutation(gm)
     if mutated:
         placeholders = gm.graph.find_nodes(op="placeholder")
         i = mutated[0]
         raise BranchMutationError(
-            f"{label} writes in place to its input {_input_description(i, n_operands, placeholders[i])}. "
+            f"{label} writes in place to its input {_input_description(i, operand_paths, placeholders[i])}. "
             "A traced branch may mutate its own intermediates, not its inputs: "
             "return the new value as an output instead (eager calls run as a "
             "Python `if` and allow it; traced ones cannot)"
