@@ -60,19 +60,27 @@ __all__ = [
 ]
 
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
-_len_pre_dispatch_stack = torch._ops._len_torch_dispatch_stack_pre_dispatch
+_tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
+_PRE_DISPATCH = DispatchKey.PreDispatch
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_batched = torch._C._functorch.is_batchedtensor
 _functorch_unwrap = torch._C._functorch.get_unwrapped
 
 
-def no_mode_active() -> bool:
-    """True when no torch dispatch mode (fake, proxy, functional, pre-dispatch) is on."""
-    return _len_dispatch_stack() == 0 and _len_pre_dispatch_stack() == 0
+def tracing() -> bool:
+    """True under any torch dispatch mode (fake, proxy, functional, pre-dispatch) or dynamo.
+
+    Called on every eager cond, so it is three C-level checks and no Python loops.
+    A pre-dispatch mode (export) shows as the PreDispatch key in the TLS include set.
+    """
+    return bool(
+        _len_dispatch_stack()
+        or _tls_key_included(_PRE_DISPATCH)
+        or torch.compiler.is_dynamo_compiling()
+    )
 
 
-def is_functorch_wrapped(t: torch.Tensor) -> bool:
-    return _is_functorch_wrapped(t)
+is_functorch_wrapped = _is_functorch_wrapped
 
 
 def is_vmapped(t: torch.Tensor) -> bool:

@@ -20,6 +20,8 @@ from .ops import clamp_index, cond_op, switch_op
 from .tracing import FlatBranch, branch_specs
 
 _Tensor = torch.Tensor
+_tracing = _compat.tracing
+_is_functorch_wrapped = _compat.is_functorch_wrapped
 
 
 def cond(
@@ -43,17 +45,17 @@ def cond(
     tracing (``make_fx``, ``torch.export``, fake tensors) both branches are traced
     into a single ``torch.ops.higher_order.torchcond_cond`` node.
     """
-    if type(pred) is _Tensor and _compat.no_mode_active() and not _compat.is_dynamo_compiling():
-        _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
-        _check_operands(operands)
-        if not _compat.is_functorch_wrapped(pred) or not _compat.is_vmapped(pred):
-            _check_pred_tensor(pred)
-            return true_fn(*operands) if pred else false_fn(*operands)
-        raise UnsupportedCondError(
-            "cond: argument 'pred' is batched under torch.func.vmap (one predicate per "
-            "example); that needs a device-side select and is not supported yet. "
-            "Pass an unbatched predicate or use torch.where"
-        )
+    if (
+        type(pred) is _Tensor
+        and callable(true_fn)
+        and callable(false_fn)
+        and _plain_operands(operands)
+        and not _tracing()
+        and pred.numel() == 1
+        and not _is_functorch_wrapped(pred)
+        and not pred.is_complex()
+    ):
+        return true_fn(*operands) if pred else false_fn(*operands)
     return _cond_slow(pred, true_fn, false_fn, operands)
 
 
@@ -73,16 +75,19 @@ def switch(
             same output rules as :func:`cond`.
         operands: a tuple or list of pytrees whose leaves are tensors.
     """
-    branches = _check_branch_list(branches)
-    _check_operands(operands)
-    if type(index) is _Tensor and _compat.no_mode_active() and not _compat.is_dynamo_compiling():
-        if _compat.is_functorch_wrapped(index) and _compat.is_vmapped(index):
-            raise UnsupportedCondError(
-                "switch: argument 'index' is batched under torch.func.vmap; that needs "
-                "a device-side select and is not supported yet"
-            )
-        _check_index_tensor(index)
-        return branches[clamp_index(int(index), len(branches))](*operands)
+    if (
+        type(index) is _Tensor
+        and type(branches) is list
+        and branches
+        and _plain_operands(operands)
+        and not _tracing()
+        and index.numel() == 1
+        and not _is_functorch_wrapped(index)
+        and _is_integer_dtype(index.dtype)
+    ):
+        branch = branches[min(max(int(index), 0), len(branches) - 1)]
+        if callable(branch):
+            return branch(*operands)
     return _switch_slow(index, branches, operands)
 
 
@@ -92,9 +97,13 @@ def switch(
 def _cond_slow(pred, true_fn, false_fn, operands):
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
-    if isinstance(pred, (bool, int, float)) and not isinstance(pred, complex):
+    if isinstance(pred, (bool, int, float)):
         _warn_if_exporting("cond", "pred", pred)
         return true_fn(*operands) if pred else false_fn(*operands)
+    if isinstance(pred, torch.Tensor):
+        _check_pred_tensor(pred)
+        if _readable_on_host(pred):
+            return true_fn(*operands) if pred else false_fn(*operands)
     pred = _normalize_pred(pred)
     return _call_operator(
         cond_op,
@@ -105,10 +114,16 @@ def _cond_slow(pred, true_fn, false_fn, operands):
 
 
 def _switch_slow(index, branches, operands):
+    branches = _check_branch_list(branches)
+    _check_operands(operands)
     n = len(branches)
     if isinstance(index, int) and not isinstance(index, bool):
         _warn_if_exporting("switch", "index", index)
         return branches[clamp_index(index, n)](*operands)
+    if isinstance(index, torch.Tensor):
+        _check_index_tensor(index)
+        if _readable_on_host(index):
+            return branches[clamp_index(int(index), n)](*operands)
     index = _normalize_index(index, n)
     return _call_operator(
         switch_op,
@@ -125,6 +140,22 @@ def _call_operator(op, head, labelled_branches, operands):
     flat_out = op(*head(flat_branches), tuple(flat_operands))
     spec = next(s for s in branch_specs(flat_branches) if s is not None)
     return pytree.tree_unflatten(list(flat_out), spec)
+
+
+def _readable_on_host(selector: torch.Tensor) -> bool:
+    """A real tensor outside any tracing: a Python `if` is exact (also under grad/jvp).
+
+    A predicate batched by vmap has one value per example and cannot be read.
+    """
+    if _tracing() or type(selector) is not _Tensor or selector.device.type == "meta":
+        return False
+    if _is_functorch_wrapped(selector) and _compat.is_vmapped(selector):
+        raise UnsupportedCondError(
+            "the predicate/index is batched under torch.func.vmap (one value per "
+            "example); that needs a device-side select and is not supported yet. "
+            "Pass an unbatched predicate, or use torch.where"
+        )
+    return True
 
 
 def _warn_if_exporting(fn_name: str, arg: str, value) -> None:
@@ -182,8 +213,12 @@ def _check_pred_tensor(pred: torch.Tensor) -> None:
         )
 
 
+def _is_integer_dtype(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype is torch.bool)
+
+
 def _check_index_tensor(index: torch.Tensor) -> None:
-    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype is torch.bool:
+    if not _is_integer_dtype(index.dtype):
         raise CondArgumentError(
             f"switch: argument 'index' must have an integer dtype; found {index.dtype}"
             + (" (use cond for a boolean predicate)" if index.dtype is torch.bool else "")
@@ -218,16 +253,24 @@ def _check_branch_list(branches) -> list:
     return list(branches)
 
 
+def _plain_operands(operands) -> bool:
+    """A tuple/list of plain tensors: the common case, checked without pytree."""
+    if type(operands) is not tuple and type(operands) is not list:
+        return False
+    for o in operands:
+        if type(o) is not _Tensor:
+            return False
+    return True
+
+
 def _check_operands(operands) -> None:
-    if type(operands) is tuple or type(operands) is list:
-        if all(type(o) is _Tensor for o in operands):
-            return
-    else:
-        if not isinstance(operands, (tuple, list)):
-            raise CondArgumentError(
-                "argument 'operands' must be a tuple or list of pytrees of tensors; "
-                f"found {type(operands).__name__}"
-            )
+    if _plain_operands(operands):
+        return
+    if not isinstance(operands, (tuple, list)):
+        raise CondArgumentError(
+            "argument 'operands' must be a tuple or list of pytrees of tensors; "
+            f"found {type(operands).__name__}"
+        )
     leaves, _ = pytree.tree_flatten_with_path(operands)
     for path, leaf in leaves:
         if not isinstance(leaf, torch.Tensor):
