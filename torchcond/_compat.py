@@ -74,9 +74,9 @@ def tracing() -> bool:
     A pre-dispatch mode (export) shows as the PreDispatch key in the TLS include set.
     """
     return bool(
-        _len_dispatch_stack()
+        torch.compiler.is_dynamo_compiling()  # first: dynamo folds it, skips the rest
+        or _len_dispatch_stack()
         or _tls_key_included(_PRE_DISPATCH)
-        or torch.compiler.is_dynamo_compiling()
     )
 
 

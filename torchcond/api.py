@@ -51,11 +51,13 @@ def cond(
         and callable(false_fn)
         and _plain_operands(operands)
         and not _tracing()
-        and pred.numel() == 1
-        and not _is_functorch_wrapped(pred)
         and not pred.is_complex()
     ):
-        return true_fn(*operands) if pred else false_fn(*operands)
+        try:
+            taken = pred.__bool__()
+        except RuntimeError:  # several elements, or batched by vmap: explained below
+            return _cond_slow(pred, true_fn, false_fn, operands)
+        return true_fn(*operands) if taken else false_fn(*operands)
     return _cond_slow(pred, true_fn, false_fn, operands)
 
 

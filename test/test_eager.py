@@ -1,0 +1,145 @@
+"""Eager semantics: cond and switch are a Python `if` / index on real tensors."""
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+from torchcond import cond, switch
+
+
+def test_takes_the_true_branch_only():
+    calls = []
+
+    def t(x):
+        calls.append("t")
+        return x + 1
+
+    def f(x):
+        calls.append("f")
+        return x - 1
+
+    x = torch.ones(3)
+    torch.testing.assert_close(cond(torch.tensor(True), t, f, (x,)), x + 1)
+    torch.testing.assert_close(cond(torch.tensor(False), t, f, (x,)), x - 1)
+    assert calls == ["t", "f"]
+
+
+@pytest.mark.parametrize(
+    "pred, expected",
+    [
+        (torch.tensor(3), True),
+        (torch.tensor(0), False),
+        (torch.tensor([0.5]), True),
+        (torch.tensor([[0.0]]), False),
+        (torch.tensor(-1, dtype=torch.int8), True),
+        (True, True),
+        (0, False),
+        (2.5, True),
+    ],
+)
+def test_predicate_truthiness(pred, expected):
+    out = cond(pred, lambda: torch.tensor(1), lambda: torch.tensor(0), ())
+    assert bool(out) is expected
+
+
+def test_pytree_operands_and_outputs():
+    ops = ({"a": torch.ones(2), "b": [torch.zeros(3)]}, (torch.full((1,), 2.0),))
+
+    def t(d, tup):
+        return {"s": d["a"] * tup[0], "rest": [d["b"][0] + 1]}
+
+    def f(d, tup):
+        return {"s": d["a"] - tup[0], "rest": [d["b"][0]]}
+
+    out = cond(torch.tensor(True), t, f, ops)
+    assert pytree.tree_structure(out) == pytree.tree_structure(t(*ops))
+    torch.testing.assert_close(out, t(*ops))
+
+
+def test_identity_branch_returns_operand_eagerly():
+    x = torch.randn(3)
+    assert cond(torch.tensor(True), lambda x: x, lambda x: x + 1, (x,)) is x
+
+
+def test_branches_close_over_tensors_and_parameters():
+    lin = torch.nn.Linear(3, 3)
+    bias = torch.randn(3)
+    x = torch.randn(2, 3)
+    out = cond(x.sum() > -100, lambda x: lin(x) + bias, lambda x: x, (x,))
+    torch.testing.assert_close(out, lin(x) + bias)
+
+
+def test_eager_mutation_behaves_like_python_if():
+    x = torch.zeros(2)
+
+    def t(x):
+        x.add_(1)
+        return x * 2
+
+    out = cond(torch.tensor(True), t, lambda x: x, (x,))
+    torch.testing.assert_close(x, torch.ones(2))
+    torch.testing.assert_close(out, torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("index, taken", [(0, 0), (1, 1), (2, 2), (-5, 0), (7, 2)])
+@pytest.mark.parametrize("as_tensor", [True, False])
+def test_switch_clamps_the_index(index, taken, as_tensor):
+    branches = [lambda x, k=k: x + k for k in range(3)]
+    x = torch.zeros(2)
+    idx = torch.tensor(index) if as_tensor else index
+    torch.testing.assert_close(switch(idx, branches, (x,)), x + taken)
+
+
+def test_switch_single_branch_and_tuple_of_branches():
+    x = torch.ones(2)
+    torch.testing.assert_close(switch(torch.tensor(4), (lambda x: x * 3,), (x,)), x * 3)
+
+
+def test_eager_autograd_first_and_second_order():
+    x = torch.tensor([0.3, -0.7], dtype=torch.float64, requires_grad=True)
+
+    def f(x):
+        return cond(x.sum() > 0, lambda x: (x**3).sum(), lambda x: (x.sin() ** 2).sum(), (x,))
+
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    expected = (x.sin() ** 2).sum()
+    (eg,) = torch.autograd.grad(expected, x, create_graph=True)
+    (egg,) = torch.autograd.grad(eg.sum(), x)
+    torch.testing.assert_close(g, eg)
+    torch.testing.assert_close(gg, egg)
+    torch.autograd.gradcheck(f, (x,))
+    torch.autograd.gradgradcheck(f, (x,))
+
+
+def test_torch_func_transforms_over_a_concrete_predicate():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: (x**2).sum(), lambda x: x.sum() * 3, (x,))
+
+    x = torch.tensor([1.0, 2.0])
+    torch.testing.assert_close(torch.func.grad(f)(x), 2 * x)
+    torch.testing.assert_close(torch.func.grad(f)(-x), torch.full((2,), 3.0))
+    _, tangent = torch.func.jvp(f, (x,), (torch.ones(2),))
+    torch.testing.assert_close(tangent, (2 * x).sum())
+
+
+def test_vmap_with_unbatched_predicate_vmaps_the_taken_branch():
+    xs = torch.randn(4, 3)
+    pred = torch.tensor(True)
+    out = torch.vmap(lambda x: cond(pred, lambda x: x.cos(), lambda x: x.sin(), (x,)))(xs)
+    torch.testing.assert_close(out, xs.cos())
+
+
+def test_meta_tensors_merge_branches():
+    x = torch.empty(4, 3, device="meta")
+    out = cond(torch.empty((), dtype=torch.bool, device="meta"), lambda x: x + 1, lambda x: x * 2, (x,))
+    assert out.device.type == "meta" and out.shape == (4, 3)
+
+
+def test_fake_tensors_merge_branches():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 3)
+        out = cond(x.sum() > 0, lambda x: x + 1, lambda x: x.double().float(), (x,))
+    assert out.shape == (4, 3) and out.dtype == torch.float32

@@ -1,0 +1,210 @@
+"""Every mistake a user can make gets a CondError naming the argument or output path."""
+
+import re
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchcond import (
+    BranchMismatchError,
+    BranchMutationError,
+    CondArgumentError,
+    CondError,
+    UnsupportedCondError,
+    cond,
+    switch,
+)
+
+x = torch.ones(3)
+
+
+def ident(*a):
+    return a[0] if a else torch.zeros(())
+
+
+@pytest.mark.parametrize("pred", [torch.ones(2) > 0, torch.ones(0) > 0])
+def test_pred_with_several_or_no_elements(pred):
+    with pytest.raises(CondArgumentError, match=r"'pred' must have exactly one element; found a tensor of shape"):
+        cond(pred, ident, ident, (x,))
+
+
+@pytest.mark.parametrize("pred", ["yes", None, [True], torch.tensor(1 + 2j)])
+def test_pred_of_the_wrong_type(pred):
+    with pytest.raises(CondArgumentError, match=r"'pred' must"):
+        cond(pred, ident, ident, (x,))
+
+
+def test_pred_errors_inside_tracing_too():
+    def f(x):
+        return cond(x > 0, ident, ident, (x,))
+
+    with pytest.raises(CondArgumentError, match=r"shape \(3,\)"):
+        make_fx(f, tracing_mode="fake")(x)
+
+
+@pytest.mark.parametrize("which", ["true_fn", "false_fn"])
+def test_branch_not_callable(which):
+    fns = {"true_fn": ident, "false_fn": ident, which: 3}
+    with pytest.raises(CondArgumentError, match=rf"'{which}' must be callable; found int"):
+        cond(torch.tensor(True), fns["true_fn"], fns["false_fn"], (x,))
+
+
+def test_switch_branch_not_callable_names_its_index():
+    with pytest.raises(CondArgumentError, match=r"'branches\[1\]' must be callable"):
+        switch(0, [ident, "nope"], (x,))
+
+
+@pytest.mark.parametrize("branches", [[], ()])
+def test_switch_without_branches(branches):
+    with pytest.raises(CondArgumentError, match="at least one callable; found an empty sequence"):
+        switch(torch.tensor(0), branches, (x,))
+
+
+@pytest.mark.parametrize("index", [torch.tensor(1.0), torch.tensor(True), torch.tensor([0, 1])])
+def test_switch_index_of_the_wrong_dtype_or_shape(index):
+    with pytest.raises(CondArgumentError, match=r"'index' must"):
+        switch(index, [ident, ident], (x,))
+
+
+@pytest.mark.parametrize("operands", [x, {"x": x}, None])
+def test_operands_not_a_tuple_or_list(operands):
+    with pytest.raises(CondArgumentError, match=r"'operands' must be a tuple or list"):
+        cond(torch.tensor(True), ident, ident, operands)
+
+
+def test_operands_with_a_non_tensor_leaf_names_the_path():
+    with pytest.raises(CondArgumentError, match=re.escape("operands[1]['k'] is int (3)")):
+        cond(torch.tensor(True), ident, ident, (x, {"k": 3}))
+
+
+def trace(fn, *args):
+    return make_fx(fn, tracing_mode="symbolic")(*args)
+
+
+def test_branches_with_different_structure():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: (x, x), lambda x: {"a": x}, (x,))
+
+    with pytest.raises(
+        BranchMismatchError,
+        match=re.escape("true_fn returns (Tensor, Tensor), false_fn returns {'a': Tensor}"),
+    ):
+        trace(f, x)
+
+
+def test_branches_with_different_dtype_name_the_output_path():
+    def f(x):
+        return cond(
+            x.sum() > 0,
+            lambda x: (x, {"h": x}),
+            lambda x: (x, {"h": x.long()}),
+            (x,),
+        )
+
+    with pytest.raises(
+        BranchMismatchError,
+        match=re.escape("output[1]['h']: branches must agree on dtype; true_fn gives torch.float32, false_fn gives torch.int64"),
+    ):
+        trace(f, x)
+
+
+def test_branches_with_different_ndim():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: x, lambda x: x[None], (x,))
+
+    with pytest.raises(BranchMismatchError, match=r"output: branches must agree on ndim; true_fn gives 1, false_fn gives 2"):
+        trace(f, x)
+
+
+def test_switch_mismatch_names_the_branch():
+    def f(i, x):
+        return switch(i, [lambda x: x, lambda x: x, lambda x: x.double()], (x,))
+
+    with pytest.raises(BranchMismatchError, match=r"branches\[2\] gives torch.float64"):
+        trace(f, torch.tensor(0), x)
+
+
+def test_branch_returning_a_non_tensor():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: (x, 3), lambda x: (x, 4), (x,))
+
+    with pytest.raises(BranchMismatchError, match=re.escape("true_fn output: every leaf must be a torch.Tensor; output[1] is int (3)")):
+        trace(f, x)
+
+
+def test_sizes_may_only_differ_with_a_shape_env():
+    m = torch.empty(3, device="meta")
+    pred = torch.empty((), dtype=torch.bool, device="meta")
+    with pytest.raises(
+        BranchMismatchError,
+        match=r"output dim 0: branches must agree on sizes when tracing without symbolic shapes .*true_fn gives 2, false_fn gives 3",
+    ):
+        cond(pred, lambda x: x[:2], lambda x: x, (m,))
+
+
+def test_traced_mutation_of_an_operand_is_refused():
+    def f(x, y):
+        def t(x, d):
+            d["b"].mul_(2)
+            return x + 1
+
+        return cond(x.sum() > 0, t, lambda x, d: x, (x, {"b": y}))
+
+    with pytest.raises(BranchMutationError, match=re.escape("true_fn writes in place to its input operands[1]['b']")):
+        trace(f, x, torch.ones(2))
+
+
+def test_traced_mutation_of_a_closed_over_tensor_is_refused():
+    def f(x, y):
+        def t(x):
+            y.add_(1)
+            return x + 1
+
+        return cond(x.sum() > 0, t, lambda x: x, (x,))
+
+    with pytest.raises(BranchMutationError, match=r"closed-over tensor"):
+        trace(f, x, torch.ones(2))
+
+
+def test_user_exception_reaches_the_user_unchanged():
+    class Boom(Exception):
+        pass
+
+    def bad(x):
+        raise Boom("from the branch")
+
+    with pytest.raises(Boom, match="from the branch"):
+        cond(torch.tensor(True), bad, ident, (x,))
+    with pytest.raises(Boom, match="from the branch"):
+        trace(lambda x: cond(x.sum() > 0, ident, bad, (x,)), x)
+    with pytest.raises(Boom, match="from the branch"):
+        switch(torch.tensor(1), [ident, bad], (x,))
+
+
+def test_vmap_over_a_batched_predicate_is_refused_clearly():
+    xs = torch.randn(4, 3)
+    with pytest.raises(UnsupportedCondError, match="batched under torch.func.vmap"):
+        torch.vmap(lambda x: cond(x.sum() > 0, torch.cos, torch.sin, (x,)))(xs)
+
+
+def test_bad_input_leaves_inputs_untouched():
+    a = torch.arange(3.0)
+    before = a.clone()
+    version = a._version
+
+    def t(a, d):
+        a.add_(1)
+        return a
+
+    with pytest.raises(CondArgumentError):
+        cond(torch.tensor(True), t, t, (a, {"k": "not a tensor"}))
+    with pytest.raises(BranchMutationError):
+        make_fx(lambda a: cond(a.sum() > 0, lambda a: a.add_(1), lambda a: a, (a,)), tracing_mode="fake")(a)
+    torch.testing.assert_close(a, before)
+    assert a._version == version
+
+
+def test_every_error_is_a_cond_error():
+    for cls in (CondArgumentError, BranchMismatchError, BranchMutationError, UnsupportedCondError):
+        assert issubclass(cls, CondError)
