@@ -53,10 +53,10 @@ def export_example(example) -> torch.export.ExportedProgram:
 def _relative_paths(text: str) -> str:
     """``# File: /abs/repo/exportdb_examples/x.py:12`` -> ``# File: exportdb_examples/x.py:12``.
 
-    Paths outside the repo (torch itself) keep only their part from ``site-packages/``
-    on, so no machine-specific prefix survives.
+    Paths into torch itself become ``torch/...``, so no machine-specific prefix survives.
     """
-    roots = {REPO_ROOT, os.path.realpath(REPO_ROOT)}
+    torch_parent = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+    roots = {REPO_ROOT, os.path.realpath(REPO_ROOT), torch_parent, os.path.realpath(torch_parent)}
     for root in sorted(roots, key=len, reverse=True):
         text = text.replace(root.rstrip(os.sep) + os.sep, "")
     return re.sub(r"(# File: )\S*?site-packages/", r"\1", text)
