@@ -99,6 +99,12 @@ def switch(
 def _cond_slow(pred, true_fn, false_fn, operands):
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
+    if _compat.is_dynamo_compiling():
+        # Dynamo sees a SymBool as a bool, so it gets its own path; it speculates the
+        # user's branches itself and inlines constant predicates (_compat/dynamo.py).
+        if isinstance(pred, torch.Tensor):
+            pred = _normalize_pred(pred)
+        return cond_op(pred, true_fn, false_fn, operands)
     if isinstance(pred, (bool, int, float)):
         _warn_if_exporting("cond", "pred", pred)
         return true_fn(*operands) if pred else false_fn(*operands)
@@ -119,6 +125,10 @@ def _switch_slow(index, branches, operands):
     branches = _check_branch_list(branches)
     _check_operands(operands)
     n = len(branches)
+    if _compat.is_dynamo_compiling():
+        if isinstance(index, torch.Tensor):
+            index = _normalize_index(index, n)
+        return switch_op(index, *branches, operands)
     if isinstance(index, int) and not isinstance(index, bool):
         _warn_if_exporting("switch", "index", index)
         return branches[clamp_index(index, n)](*operands)

@@ -17,7 +17,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _compat
-from ._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode
+from ._compat import DispatchKey
+from ._compat import dynamo as _compat_dynamo, FakeTensorMode, ProxyTorchDispatchMode
 from .errors import UnsupportedCondError
 from .merge import merge_branch_outputs
 from .tracing import branch_specs, check_same_structure, leaf_paths, trace_branches
@@ -121,17 +122,37 @@ def _dense(form: _Form, selector, branches, operands):
 
 
 def _autograd(form: _Form, selector, branches, operands):
-    """Concrete predicate: the taken branch under ordinary autograd (any order)."""
+    """Concrete predicate: the taken branch under ordinary autograd (any order).
+
+    A symbolic or fake predicate (tracing, compile) gets outputs that trace fine
+    forward; their backward refuses until the backward-as-a-cond lands.
+    """
     if not (torch.is_grad_enabled() and _any_requires_grad(operands)):
-        with torch._C._AutoDispatchBelowAutograd():
-            return form.op(*form.pack(selector, branches, operands))
+        return _below_autograd(form, selector, branches, operands)
     if _is_concrete(selector):
         return tuple(branches[form.taken(selector, len(branches))](*operands))
-    raise UnsupportedCondError(
-        f"{form.op.name()}: differentiating through a conditional whose selector is "
-        f"symbolic or fake ({type(selector).__name__}) is not supported yet; "
-        "run the traced program under torch.no_grad(), or differentiate in eager mode"
-    )
+    return _TracedBackwardRefused.apply(form, selector, branches, *operands)
+
+
+class _TracedBackwardRefused(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, form, selector, branches, *operands):
+        ctx.op_name = form.op.name()
+        ctx.selector_type = type(selector).__name__
+        return _below_autograd(form, selector, branches, operands)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise UnsupportedCondError(
+            f"{ctx.op_name}: backward through a conditional whose selector is symbolic "
+            f"or fake ({ctx.selector_type}) is not supported yet; differentiate in eager "
+            "mode (a Python `if` there), or run the traced program under torch.no_grad()"
+        )
+
+
+def _below_autograd(form: _Form, selector, branches, operands):
+    with torch._C._AutoDispatchBelowAutograd():
+        return form.op(*form.pack(selector, branches, operands))
 
 
 def _fake(form: _Form, mode: FakeTensorMode, selector, branches, operands):
@@ -150,8 +171,7 @@ def _proxy(form: _Form, mode: ProxyTorchDispatchMode, selector, branches, operan
     args = form.pack(selector, graphs, operands)
     proxy_args = pytree.tree_map(tracer.unwrap_proxy, args)
     out_proxy = tracer.create_proxy("call_function", form.op, proxy_args, {})
-    with torch._C._AutoDispatchBelowAutograd():
-        out = form.op(*args)
+    out = _below_autograd(form, selector, graphs, operands)
     return _compat.track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
 
 
@@ -232,3 +252,5 @@ def _install(form: _Form) -> None:
 
 for _form in _FORMS.values():
     _install(_form)
+
+_compat_dynamo.install(cond_op, switch_op)
