@@ -95,7 +95,6 @@ def test_export_non_strict(name):
     _check_example(name, strict=False)
 
 
-@pytest.mark.xfail(reason="strict export lands with the dynamo integration", strict=False)
 @pytest.mark.parametrize("name", NAMES, ids=NAMES)
 def test_export_strict(name):
     _check_example(name, strict=True)
