@@ -50,7 +50,7 @@ def _merge_leaf(leaves, labels, path: str, shape_env) -> torch.Tensor:
             f"{path}: quantized and sparse outputs are not supported; found {first.layout}"
         )
     sizes, sizes_agree = _merge_sizes(leaves, labels, path, shape_env)
-    strides = _merge_strides(leaves, labels, path, sizes, sizes_agree)
+    strides = _merge_strides(leaves, sizes, sizes_agree)
     return torch.empty_strided(sizes, strides, dtype=first.dtype, device=first.device)
 
 
@@ -77,22 +77,31 @@ def _merge_sizes(leaves, labels, path, shape_env) -> tuple[list, bool]:
     return merged, agree
 
 
-def _merge_strides(leaves, labels, path, sizes, sizes_agree: bool) -> list:
+def _merge_strides(leaves, sizes, sizes_agree: bool) -> list:
+    """Shared strides when every branch has them, else contiguous ones.
+
+    When branches disagree, tracing (tracing.align_output_layouts) makes each branch
+    return a contiguous tensor, so the promise holds at run time too.
+    """
     first = leaves[0]
-    same_strides = all(
-        all(_compat.same_size(a, b) for a, b in zip(t.stride(), first.stride()))
-        for t in leaves[1:]
-    )
-    if sizes_agree and same_strides:
+    if sizes_agree and all(_same_strides(t, first) for t in leaves[1:]):
         return list(first.stride())
-    if all(_compat.definitely_contiguous(t) for t in leaves):
-        return _contiguous_strides(sizes)
-    raise _mismatch(
-        path,
-        "memory layout when sizes differ or layouts differ (return .contiguous() tensors)",
-        labels,
-        [f"size {tuple(t.shape)} stride {t.stride()}" for t in leaves],
+    return _contiguous_strides(sizes)
+
+
+def same_layout(tensors) -> bool:
+    """Same sizes and strides, statically, across ``tensors``."""
+    first = tensors[0]
+    return all(
+        len(t.shape) == len(first.shape)
+        and all(_compat.same_size(a, b) for a, b in zip(t.shape, first.shape))
+        and _same_strides(t, first)
+        for t in tensors[1:]
     )
+
+
+def _same_strides(a, b) -> bool:
+    return all(_compat.same_size(x, y) for x, y in zip(a.stride(), b.stride()))
 
 
 def _contiguous_strides(sizes) -> list:

@@ -9,6 +9,7 @@ import torch.utils._pytree as pytree
 
 from . import _compat
 from .errors import BranchMismatchError, BranchMutationError
+from .merge import same_layout
 
 
 def describe_structure(spec: pytree.TreeSpec) -> str:
@@ -139,6 +140,7 @@ def trace_branches(
         _reject_input_mutation(gm, label, operand_paths)
         _clone_aliased_outputs(gm)
         graphs.append(gm)
+    _align_output_layouts(graphs)
     return graphs, tuple(operands) + tuple(lifted.values())
 
 
@@ -208,16 +210,39 @@ def _clone_aliased_outputs(gm) -> None:
     and the operator's outputs never alias its inputs or each other.
     """
     inp_out, out_out, _ = _compat.graph_alias_and_mutation(gm)
-    aliased = set(inp_out.values()) | set(out_out.keys())
-    if not aliased:
+    _copy_outputs(gm, set(inp_out.values()) | set(out_out.keys()))
+
+
+def _align_output_layouts(graphs) -> None:
+    """Where branches return different strides for an output, each returns it contiguous.
+
+    The merged fake output promises contiguous strides in that case (merge.py).
+    """
+    outputs = [_output_values(gm) for gm in graphs]
+    for i, per_branch in enumerate(zip(*outputs)):
+        if same_layout(per_branch):
+            continue
+        for gm, val in zip(graphs, per_branch):
+            if not _compat.definitely_contiguous(val):
+                _copy_outputs(gm, {i}, memory_format=torch.contiguous_format)
+
+
+def _output_values(gm) -> list:
+    return [n.meta["val"] for n in gm.graph.find_nodes(op="output")[0].args[0]]
+
+
+def _copy_outputs(gm, indices, memory_format=None) -> None:
+    """Replace the graph's outputs at ``indices`` by fresh copies."""
+    if not indices:
         return
     output = gm.graph.find_nodes(op="output")[0]
     outs = list(output.args[0])
-    for i in sorted(aliased):
+    kwargs = {} if memory_format is None else {"memory_format": memory_format}
+    for i in sorted(indices):
         with gm.graph.inserting_before(output):
-            clone = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],))
+            copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],), kwargs)
         with _compat.disable_proxy_modes_tracing():
-            clone.meta["val"] = outs[i].meta["val"].clone()
-        outs[i] = clone
+            copy.meta["val"] = outs[i].meta["val"].clone(**kwargs)
+        outs[i] = copy
     output.args = (tuple(outs),)
     gm.recompile()
