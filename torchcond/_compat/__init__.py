@@ -114,9 +114,7 @@ def sym_range(shape_env, size) -> tuple[Any, Any]:
     """The value range the shape env knows for ``size`` (an int or a SymInt)."""
     if isinstance(size, int):
         return size, size
-    from torch.utils._sympy.value_ranges import ValueRanges
-
-    r = shape_env.var_to_range.get(size.node.expr, ValueRanges.unknown())
+    r = shape_env.bound_sympy(size.node.expr)
     return r.lower, r.upper
 
 

@@ -1,0 +1,290 @@
+"""make_fx (real, fake, symbolic): one node per call, closure-free branch graphs."""
+
+import re
+
+import expecttest
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from helpers import count_nodes, pinned_printout, readable
+from torchcond import cond, switch
+
+
+def symbolic(fn, *args):
+    return make_fx(fn, tracing_mode="symbolic")(*args)
+
+
+class TestGraphs(expecttest.TestCase):
+    @pinned_printout
+    def test_cond_graph(self):
+        def f(x, y):
+            return cond(x.sum() > 0, lambda x, y: x.cos() + y, lambda x, y: x.sin() - y, (x, y))
+
+        gm = symbolic(f, torch.randn(4, 3), torch.randn(3))
+        self.assertExpectedInline(
+            readable(gm),
+            """\
+class f(torch.nn.Module):
+    def forward(self, x_1: "f32[s75, s96]", y_1: "f32[s96]"):
+        sum_1: "f32[]" = torch.ops.aten.sum.default(x_1)
+        gt: "b8[]" = torch.ops.aten.gt.Scalar(sum_1, 0);  sum_1 = None
+        true_graph_0 = self.true_graph_0
+        false_graph_0 = self.false_graph_0
+        torchcond_cond = torch.ops.higher_order.torchcond_cond(gt, true_graph_0, false_graph_0, (x_1, y_1));  gt = true_graph_0 = false_graph_0 = x_1 = y_1 = None
+        getitem: "f32[s75, s96]" = torchcond_cond[0];  torchcond_cond = None
+        return getitem
+    class true_graph_0(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s75, s96]", arg1_1: "f32[s96]"):
+            cos: "f32[s75, s96]" = torch.ops.aten.cos.default(arg0_1);  arg0_1 = None
+            add: "f32[s75, s96]" = torch.ops.aten.add.Tensor(cos, arg1_1);  cos = arg1_1 = None
+            return (add,)
+    class false_graph_0(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s75, s96]", arg1_1: "f32[s96]"):
+            sin: "f32[s75, s96]" = torch.ops.aten.sin.default(arg0_1);  arg0_1 = None
+            sub: "f32[s75, s96]" = torch.ops.aten.sub.Tensor(sin, arg1_1);  sin = arg1_1 = None
+            return (sub,)
+""",
+        )
+
+    @pinned_printout
+    def test_closures_are_lifted_in_one_order(self):
+        def f(x, w, b):
+            n = b.shape[0]
+            return cond(x.sum() > 0, lambda x: x * w + n, lambda x: x - b.sum(), (x,))
+
+        gm = symbolic(f, torch.randn(4, 3), torch.randn(3), torch.randn(5))
+        self.assertExpectedInline(
+            readable(gm),
+            """\
+class f(torch.nn.Module):
+    def forward(self, x_1: "f32[s75, s96]", w_1: "f32[s96]", b_1: "f32[s86]"):
+        sum_1: "f32[]" = torch.ops.aten.sum.default(x_1)
+        gt: "b8[]" = torch.ops.aten.gt.Scalar(sum_1, 0);  sum_1 = None
+        sym_size_int: "Sym(s86)" = torch.ops.aten.sym_size.int(b_1, 0)
+        true_graph_0 = self.true_graph_0
+        false_graph_0 = self.false_graph_0
+        torchcond_cond = torch.ops.higher_order.torchcond_cond(gt, true_graph_0, false_graph_0, (x_1, w_1, sym_size_int, b_1));  gt = true_graph_0 = false_graph_0 = x_1 = w_1 = sym_size_int = b_1 = None
+        getitem: "f32[s75, s96]" = torchcond_cond[0];  torchcond_cond = None
+        return getitem
+    class true_graph_0(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s75, s96]", w_1: "f32[s96]", sym_size_int: "Sym(s86)", unused_lifted: "f32[s86]"):
+            mul: "f32[s75, s96]" = torch.ops.aten.mul.Tensor(arg0_1, w_1);  arg0_1 = w_1 = None
+            add: "f32[s75, s96]" = torch.ops.aten.add.Tensor(mul, sym_size_int);  mul = sym_size_int = None
+            return (add,)
+    class false_graph_0(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s75, s96]", unused_lifted: "f32[s96]", unused_lifted_1: "Sym(s86)", b_1: "f32[s86]"):
+            sum_1: "f32[]" = torch.ops.aten.sum.default(b_1);  b_1 = None
+            sub: "f32[s75, s96]" = torch.ops.aten.sub.Tensor(arg0_1, sum_1);  arg0_1 = sum_1 = None
+            return (sub,)
+""",
+        )
+
+    @pinned_printout
+    def test_switch_graph_clamps_and_clones_identity(self):
+        def f(i, x):
+            return switch(i, [lambda x: x + 1, lambda x: x * 2, lambda x: x], (x,))
+
+        gm = symbolic(f, torch.tensor(1), torch.randn(4))
+        self.assertExpectedInline(
+            readable(gm),
+            """\
+class f(torch.nn.Module):
+    def forward(self, i_1: "i64[]", x_1: "f32[s57]"):
+        view: "i64[]" = torch.ops.aten.view.default(i_1, []);  i_1 = None
+        clamp: "i64[]" = torch.ops.aten.clamp.default(view, 0, 2);  view = None
+        branch_graph_0 = self.branch_graph_0
+        branch_graph_1 = self.branch_graph_1
+        branch_graph_2 = self.branch_graph_2
+        torchcond_switch = torch.ops.higher_order.torchcond_switch(clamp, branch_graph_0, branch_graph_1, branch_graph_2, (x_1,));  clamp = branch_graph_0 = branch_graph_1 = branch_graph_2 = x_1 = None
+        getitem: "f32[s57]" = torchcond_switch[0];  torchcond_switch = None
+        return getitem
+    class branch_graph_0(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s57]"):
+            add: "f32[s57]" = torch.ops.aten.add.Tensor(arg0_1, 1);  arg0_1 = None
+            return (add,)
+    class branch_graph_1(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s57]"):
+            mul: "f32[s57]" = torch.ops.aten.mul.Tensor(arg0_1, 2);  arg0_1 = None
+            return (mul,)
+    class branch_graph_2(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s57]"):
+            clone_default: "f32[s57]" = torch.ops.aten.clone.default(arg0_1);  arg0_1 = None
+            return (clone_default,)
+""",
+        )
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+def test_one_node_per_call_and_matches_eager(mode):
+    w = torch.randn(3)
+
+    def f(x, y):
+        a = cond(x.sum() > 0, lambda x: x.cos() * y.sum(), lambda x: x.sin(), (x,))
+        b = switch(y.argmax(), [lambda a: a + 1, lambda a: a * w, lambda a: a.exp()], (a,))
+        return {"a": a, "b": b}
+
+    x, y = torch.randn(4, 3), torch.randn(5)
+    if mode != "real":
+        w = torch.randn(3)  # a real closed-over constant cannot meet fake tensors
+        f = _with_w_as_input(f)
+        args = (x, y, w)
+    else:
+        args = (x, y)
+    gm = make_fx(f, tracing_mode=mode)(*args)
+    assert count_nodes(gm, "torchcond_cond") == 1
+    assert count_nodes(gm, "torchcond_switch") == 1
+    for sign in (1, -1):
+        new = (sign * x.abs(), torch.randn(5)) + args[2:]
+        torch.testing.assert_close(gm(*new), f(*new))
+
+
+def _with_w_as_input(f):
+    def g(x, y, w):
+        def t(x):
+            return cond(x.sum() > 0, lambda x: x.cos() * y.sum(), lambda x: x.sin(), (x,))
+
+        a = t(x)
+        b = switch(y.argmax(), [lambda a: a + 1, lambda a: a * w, lambda a: a.exp()], (a,))
+        return {"a": a, "b": b}
+
+    return g
+
+
+def test_sibling_and_nested_calls_get_distinct_names():
+    def f(x):
+        def outer_true(x):
+            return cond(x.mean() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+
+        a = cond(x.sum() > 0, outer_true, lambda x: x * 2, (x,))
+        b = cond(x.max() > 0, lambda a: a.cos(), lambda a: a.sin(), (a,))
+        return b
+
+    gm = symbolic(f, torch.randn(3))
+    names = {n for n, _ in gm.named_children()}
+    assert names == {"true_graph_0", "false_graph_0", "true_graph_1", "false_graph_1"}
+    nested = dict(gm.true_graph_0.named_children())
+    assert set(nested) == {"true_graph_0", "false_graph_0"}
+    for x in (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([-1.0, 0.0, 3.0]), -torch.ones(3)):
+        torch.testing.assert_close(gm(x), f(x))
+
+
+def test_nested_closures_lift_through_every_level():
+    def f(x, p):
+        def outer_true(x):
+            return cond(x.mean() > 0, lambda x: x * p, lambda x: x - 1, (x,))
+
+        return cond(x.sum() > 0, outer_true, lambda x: x, (x,))
+
+    gm = symbolic(f, torch.randn(3), torch.randn(3))
+    top = [n for n in gm.graph.nodes if n.op == "call_function" and "torchcond" in str(n.target)][0]
+    assert [a.name for a in top.args[3]] == ["x_1", "p_1"]
+    p = torch.randn(3)
+    for x in (torch.ones(3), torch.tensor([2.0, -3.0, 0.5]), -torch.ones(3)):
+        torch.testing.assert_close(gm(x, p), f(x, p))
+
+
+def test_stack_traces_point_at_branch_code():
+    def f(x):
+        def true_branch(x):
+            return x.cos() * 3  # the true branch's line
+
+        return cond(x.sum() > 0, true_branch, lambda x: x.sin(), (x,))
+
+    gm = make_fx(f, tracing_mode="symbolic", record_stack_traces=True)(torch.randn(3))
+    traces = [n.meta.get("stack_trace", "") for n in gm.true_graph_0.graph.nodes if n.op == "call_function"]
+    assert traces and all("the true branch's line" in t for t in traces), traces
+    text = gm.true_graph_0.print_readable(print_output=False)
+    assert re.search(r"# File: .*test_tracing.py:\d+ in true_branch", text)
+
+
+def test_differing_sizes_become_an_unbacked_size_with_a_range():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: x[:2], lambda x: torch.cat([x, x]), (x,))
+
+    gm = symbolic(f, torch.randn(5, 3))
+    out = [n for n in gm.graph.nodes if n.name == "getitem"][0].meta["val"]
+    size = out.shape[0]
+    assert isinstance(size, torch.SymInt) and str(size).startswith("u")
+    shape_env = size.node.shape_env
+    vr = shape_env.var_to_range[size.node.expr]
+    assert int(vr.lower) == 2
+    for x in (torch.ones(4, 3), -torch.ones(4, 3)):
+        torch.testing.assert_close(gm(x), f(x))
+
+
+def test_outputs_with_different_strides_are_made_contiguous():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: x.t().contiguous().t(), lambda x: x + 1, (x,))
+
+    gm = symbolic(f, torch.randn(4, 3))
+    for x in (torch.ones(4, 3), -torch.ones(4, 3)):
+        out = gm(x)
+        torch.testing.assert_close(out, f(x))
+        assert out.is_contiguous()
+
+
+def test_identity_and_view_outputs_do_not_alias_inputs():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: (x, x[0]), lambda x: (x + 1, x[1] * 2), (x,))
+
+    gm = symbolic(f, torch.randn(3, 2))
+    x = torch.ones(3, 2)
+    a, b = gm(x)
+    assert a.data_ptr() != x.data_ptr() and b.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    torch.testing.assert_close((a, b), (x, x[0]))
+
+
+def test_in_place_ops_on_branch_intermediates_are_fine():
+    def f(x):
+        def t(x):
+            y = x * 2
+            y.add_(1)
+            return y
+
+        return cond(x.sum() > 0, t, lambda x: x, (x,))
+
+    gm = symbolic(f, torch.randn(3))
+    torch.testing.assert_close(gm(torch.ones(3)), torch.full((3,), 3.0))
+
+
+def test_functionalized_trace():
+    def f(x):
+        def t(x):
+            y = x.clone()
+            y.mul_(2)
+            return y
+
+        return cond(x.sum() > 0, t, lambda x: x - 1, (x,))
+
+    gm = make_fx(torch.func.functionalize(f), tracing_mode="symbolic")(torch.randn(3))
+    assert count_nodes(gm, "torchcond_cond") == 1
+    targets = {n.target for n in gm.true_graph_0.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.mul_.Tensor not in targets and torch.ops.aten.mul.Tensor in targets
+    for x in (torch.ones(3), -torch.ones(3)):
+        torch.testing.assert_close(gm(x), f(x))
+
+
+def test_symbool_predicate_stays_symbolic():
+    def f(x):
+        return cond(x.shape[0] > 4, lambda x: x * 2, lambda x: x.cos(), (x,))
+
+    gm = symbolic(f, torch.randn(6))
+    assert count_nodes(gm, "torchcond_cond") == 1
+    for n in (2, 9):
+        x = torch.randn(n)
+        torch.testing.assert_close(gm(x), f(x))
+
+
+def test_python_bool_predicate_inlines_the_branch():
+    gm = symbolic(lambda x: cond(True, lambda x: x + 1, lambda x: x - 1, (x,)), torch.randn(3))
+    assert count_nodes(gm, "torchcond_cond") == 0
+    assert "add" in gm.code and "sub" not in gm.code
+
+
+def test_non_bool_tensor_predicate_is_normalized():
+    gm = symbolic(lambda p, x: cond(p, lambda x: x + 1, lambda x: x - 1, (x,)), torch.tensor([2.5]), torch.zeros(2))
+    node = [n for n in gm.graph.nodes if n.op == "call_function" and "torchcond" in str(n.target)][0]
+    assert node.args[0].meta["val"].dtype == torch.bool and node.args[0].meta["val"].dim() == 0
+    torch.testing.assert_close(gm(torch.tensor([0.0]), torch.zeros(2)), -torch.ones(2))
+    torch.testing.assert_close(gm(torch.tensor([-3.0]), torch.zeros(2)), torch.ones(2))
