@@ -1,0 +1,154 @@
+"""torch.export, strict and non-strict: what the exportdb gallery does not already pin."""
+
+import io
+import warnings
+
+import pytest
+import torch
+from torch.export import Dim, export
+
+from helpers import count_nodes
+from torchcond import BranchMutationError, cond, switch
+
+STRICTNESS = pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
+BATCH = Dim("batch", min=2, max=64)
+
+
+def round_trip(ep):
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    buf.seek(0)
+    return torch.export.load(buf)
+
+
+class ShapePredicate(torch.nn.Module):
+    def forward(self, x):
+        return cond(x.shape[0] > 4, lambda x: x * 2, lambda x: x.cos(), (x,))
+
+
+@STRICTNESS
+def test_shape_predicate_keeps_the_full_dynamic_range(strict):
+    ep = export(ShapePredicate(), (torch.randn(6, 3),), dynamic_shapes=({0: BATCH},), strict=strict)
+    (vr,) = [r for s, r in ep.range_constraints.items() if str(s).startswith("s")]
+    assert (int(vr.lower), int(vr.upper)) == (2, 64)
+    loaded = round_trip(ep).module()
+    for n in (2, 4, 5, 64):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(loaded(x), ShapePredicate()(x))
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        return cond((x > 0).sum() > 2, lambda x: x.relu(), lambda x: -x, (x,))
+
+
+@STRICTNESS
+def test_data_dependent_predicate(strict):
+    ep = export(DataDependent(), (torch.randn(5),), dynamic_shapes=({0: BATCH},), strict=strict)
+    assert count_nodes(ep.graph_module, "torchcond_cond") == 1
+    loaded = round_trip(ep).module()
+    for x in (torch.ones(4), -torch.ones(7), torch.tensor([1.0, 1.0, -1.0])):
+        torch.testing.assert_close(loaded(x), DataDependent()(x))
+
+
+class Identity(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return cond(x.sum() > 0, lambda x: x, lambda x: self.lin(x), (x,))
+
+
+@STRICTNESS
+def test_identity_branch_with_parameters_requiring_grad(strict):
+    m = Identity()
+    ep = export(m, (torch.randn(4, 3),), dynamic_shapes=({0: BATCH},), strict=strict)
+    loaded = round_trip(ep).module()
+    x = torch.ones(5, 3)
+    out = loaded(x)
+    torch.testing.assert_close(out, x)
+    assert out.data_ptr() != x.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(-x), m(-x))
+
+
+class ClosedOverSize(torch.nn.Module):
+    def forward(self, x, y):
+        n = y.shape[0]
+        return switch(x.sum().long(), [lambda x: x * n, lambda x: x + n, lambda x: x], (x,))
+
+
+@STRICTNESS
+def test_closed_over_symint_is_an_operand(strict):
+    ep = export(
+        ClosedOverSize(),
+        (torch.randn(3), torch.randn(5)),
+        dynamic_shapes=({0: BATCH}, {0: Dim("n", min=1, max=10)}),
+        strict=strict,
+    )
+    loaded = round_trip(ep).module()
+    for x in (torch.zeros(4), torch.full((2,), 0.5), torch.ones(6)):
+        for y in (torch.randn(1), torch.randn(9)):
+            torch.testing.assert_close(loaded(x, y), ClosedOverSize()(x, y))
+
+
+class Sizes(torch.nn.Module):
+    def forward(self, x):
+        return cond(x.sum() > 0, lambda x: x[:2] + 1, lambda x: torch.cat([x, x]), (x,))
+
+
+@STRICTNESS
+def test_different_output_sizes_get_an_unbacked_size(strict):
+    ep = export(Sizes(), (torch.randn(5, 3),), dynamic_shapes=({0: BATCH},), strict=strict)
+    unbacked = [r for s, r in ep.range_constraints.items() if str(s).startswith("u")]
+    assert unbacked and int(unbacked[0].lower) == 2 and int(unbacked[0].upper) == 128
+    loaded = round_trip(ep).module()
+    for x in (torch.ones(7, 3), -torch.ones(3, 3)):
+        torch.testing.assert_close(loaded(x), Sizes()(x))
+
+
+@STRICTNESS
+def test_python_constant_predicate_warns_and_inlines(strict):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return cond(True, lambda x: x + 1, lambda x: x - 1, (x,))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ep = export(M(), (torch.randn(3),), strict=strict)
+    assert count_nodes(ep.graph_module, "torchcond_cond") == 0
+    assert any("constant" in str(w.message) for w in caught)
+
+
+def test_traced_mutation_is_refused_in_export():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            def t(x):
+                x.add_(1)
+                return x.clone()
+
+            return cond(x.sum() > 0, t, lambda x: x + 1, (x,))
+
+    with pytest.raises(BranchMutationError, match=r"true_fn writes in place to its input operands\[0\]"):
+        export(M(), (torch.randn(3),), strict=False)
+
+
+@STRICTNESS
+def test_run_decompositions_keeps_the_operator(strict):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return cond(x.shape[0] > 3, lambda x: torch.nn.functional.gelu(self.lin(x)), lambda x: x.softmax(-1), (x,))
+
+    m = M()
+    ep = export(m, (torch.randn(5, 3),), dynamic_shapes=({0: BATCH},), strict=strict).run_decompositions()
+    assert count_nodes(ep.graph_module, "torchcond_cond") == 1
+    loaded = round_trip(ep).module()
+    with torch.no_grad():
+        for n in (2, 9):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(loaded(x), m(x))
