@@ -1,0 +1,119 @@
+"""Properties: cond/switch equal a Python `if`/index over random pytrees, shapes, dtypes."""
+
+import torch
+import torch.utils._pytree as pytree
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchcond import cond, switch
+
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool]
+
+# Leaf programs per dtype kind; every one keeps its input's dtype and shape.
+FLOAT_OPS = [lambda t: t + 1, lambda t: t * 2, torch.neg, torch.sin, lambda t: t.abs().sqrt()]
+INT_OPS = [lambda t: t + 1, lambda t: t * 3, torch.neg, torch.abs, lambda t: t // 2]
+BOOL_OPS = [torch.logical_not, lambda t: t, lambda t: t & t.flip(-1) if t.dim() else t]
+
+
+def _ops_for(dtype):
+    if dtype is torch.bool:
+        return BOOL_OPS
+    return FLOAT_OPS if dtype.is_floating_point else INT_OPS
+
+
+@st.composite
+def tensors(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
+    seed = draw(st.integers(0, 2**16))
+    g = torch.Generator().manual_seed(seed)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    return torch.randint(-5, 5, shape, generator=g, dtype=dtype)
+
+
+def pytrees(leaves):
+    return st.recursive(
+        leaves,
+        lambda children: st.one_of(
+            st.lists(children, min_size=1, max_size=3),
+            st.lists(children, min_size=1, max_size=3).map(tuple),
+            st.dictionaries(st.sampled_from("abcd"), children, min_size=1, max_size=3),
+        ),
+        max_leaves=5,
+    )
+
+
+@st.composite
+def programs(draw):
+    """A branch: one dtype-preserving op per operand leaf (chosen by leaf position)."""
+    choices = draw(st.lists(st.integers(0, 4), min_size=8, max_size=8))
+
+    def branch(*operands):
+        leaves, spec = pytree.tree_flatten(operands)
+        outs = [_ops_for(t.dtype)[choices[i % 8] % len(_ops_for(t.dtype))](t) for i, t in enumerate(leaves)]
+        return pytree.tree_unflatten(outs, spec)
+
+    return branch
+
+
+@st.composite
+def predicates(draw):
+    dtype = draw(st.sampled_from([torch.bool, torch.float32, torch.int64, torch.uint8]))
+    shape = draw(st.sampled_from([(), (1,), (1, 1)]))
+    value = draw(st.sampled_from([0, 1, 3]))
+    return torch.full(shape, value).to(dtype)
+
+
+operand_lists = st.lists(pytrees(tensors()), min_size=1, max_size=3).map(tuple)
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TRACE_SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def assert_same(actual, expected):
+    assert pytree.tree_structure(actual) == pytree.tree_structure(expected)
+    for a, e in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected)):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        torch.testing.assert_close(a, e, equal_nan=True)
+
+
+@SETTINGS
+@given(predicates(), programs(), programs(), operand_lists)
+def test_cond_is_python_if_eagerly(pred, t, f, operands):
+    expected = t(*operands) if bool(pred) else f(*operands)
+    assert_same(cond(pred, t, f, operands), expected)
+
+
+@SETTINGS
+@given(st.integers(-3, 6), st.lists(programs(), min_size=1, max_size=4), operand_lists)
+def test_switch_is_clamped_indexing_eagerly(index, branches, operands):
+    expected = branches[min(max(index, 0), len(branches) - 1)](*operands)
+    assert_same(switch(torch.tensor(index), branches, operands), expected)
+    assert_same(switch(index, branches, operands), expected)
+
+
+@TRACE_SETTINGS
+@given(programs(), programs(), operand_lists, st.sampled_from(["fake", "symbolic"]))
+def test_cond_after_make_fx_is_python_if(t, f, operands, mode):
+    def fn(pred, *ops):
+        return cond(pred, t, f, ops)
+
+    gm = make_fx(fn, tracing_mode=mode)(torch.tensor(True), *operands)
+    for value in (True, False):
+        pred = torch.tensor(value)
+        assert_same(gm(pred, *operands), t(*operands) if value else f(*operands))
+
+
+@TRACE_SETTINGS
+@given(st.lists(programs(), min_size=2, max_size=4), operand_lists)
+def test_switch_after_make_fx_is_clamped_indexing(branches, operands):
+    def fn(index, *ops):
+        return switch(index, branches, ops)
+
+    gm = make_fx(fn, tracing_mode="symbolic")(torch.tensor(0), *operands)
+    for index in (-1, 0, 1, len(branches) - 1, len(branches) + 2):
+        expected = branches[min(max(index, 0), len(branches) - 1)](*operands)
+        assert_same(gm(torch.tensor(index), *operands), expected)
