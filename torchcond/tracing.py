@@ -100,15 +100,6 @@ def check_same_structure(branches: Sequence[Callable], labels: Sequence[str]) ->
 # --- tracing ---------------------------------------------------------------------
 
 
-def _user_fn(branch: Callable) -> Callable:
-    """The user's own function behind a (possibly wrapped) branch."""
-    while True:
-        inner = getattr(branch, "origin", None) or getattr(branch, "fn", None)
-        if inner is None or not callable(inner):
-            return branch
-        branch = inner
-
-
 def _lift_key(value) -> int:
     return id(value.node) if isinstance(value, torch.SymInt) else id(value)
 
@@ -121,10 +112,7 @@ def trace_branches(
     Returns the graphs and the operands to call them with: the given operands, then
     every closed-over tensor or SymInt any branch used, deduplicated, in one order.
     """
-    traced = [
-        _compat.trace_subgraph_lifting(b, operands, parent_tracer, _user_fn(b))
-        for b in branches
-    ]
+    traced = [_compat.trace_subgraph_lifting(b, operands, parent_tracer) for b in branches]
     check_same_structure(branches, labels)
 
     lifted: dict[int, object] = {}

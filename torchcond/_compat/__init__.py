@@ -7,6 +7,7 @@ When torch moves one of them, this module is the only file that changes.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -226,6 +227,22 @@ class _LiftingTracker:
         return self._base.get(key)
 
 
+def _new_sub_tracer(parent):
+    """A make_fx tracer configured like ``parent``, as ``trace_subgraph`` makes one."""
+    if hasattr(parent, "_make_sub_tracer"):  # torch 2.13
+        return parent._make_sub_tracer()
+    return type(parent)(  # torch 2.11 builds it inline in trace_subgraph
+        parent.decomposition_table,
+        "real",
+        parent._allow_non_fake_inputs,
+        parent.pre_dispatch,
+        parent.record_module_stack,
+        parent._allow_fake_constant,
+        parent._error_on_data_dependent_ops,
+        parent_tracer=parent,
+    )
+
+
 def current_make_fx_tracer():
     tracer = _proxy_tensor._CURRENT_MAKE_FX_TRACER
     if tracer is None:
@@ -235,20 +252,34 @@ def current_make_fx_tracer():
     return tracer
 
 
+_LIBRARY_DIRS = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # torchcond
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,  # torch
+)
+
+
+def _user_frames(stack):
+    """The frames of user code: neither torch's nor torchcond's own."""
+    import traceback
+
+    return traceback.StackSummary.from_list(
+        [f for f in stack if not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)]
+    )
+
+
 @contextlib.contextmanager
-def _branch_stack_traces(fx_tracer, user_fn):
+def _branch_stack_traces(fx_tracer):
     """Nodes record the branch's own source lines, not the line that called cond.
 
     Export keeps the caller's stack trace in fx's "current meta" and stamps it on
     every node it creates; while a branch is traced we hide it and let the tracer
-    record stack frames, keeping the branch function's frames.
+    record the user's frames (the innermost is the branch's line).
+    ``_filter_traceback_frames`` is the tracer's documented override point.
     """
-    from torch.fx import proxy as fx_proxy
     from torch.fx import traceback as fx_traceback
 
-    fx_proxy._register_stack_trace_anchor(user_fn)
     fx_tracer.record_stack_traces = True
-    fx_tracer._record_forward_stack_traces_only = True
+    fx_tracer._filter_traceback_frames = _user_frames
     meta = fx_traceback.current_meta
     saved = meta.pop("stack_trace", None)
     try:
@@ -259,7 +290,7 @@ def _branch_stack_traces(fx_tracer, user_fn):
 
 
 def trace_subgraph_lifting(
-    fn: Callable, args: tuple, parent_fx_tracer, user_fn: Callable | None = None
+    fn: Callable, args: tuple, parent_fx_tracer
 ) -> tuple[torch.fx.GraphModule, list]:
     """make_fx ``fn`` as a subgraph of the current trace, lifting closures.
 
@@ -267,7 +298,7 @@ def trace_subgraph_lifting(
     lifted, in first-use order. Nodes carry the user's stack trace.
     """
     parent = current_make_fx_tracer()
-    sub = parent._make_sub_tracer()
+    sub = _new_sub_tracer(parent)
     lifted: list = []
     with sub._init_modes_from_parent(parent):
         fx_tracer = sub.fx_tracer
@@ -277,6 +308,6 @@ def trace_subgraph_lifting(
         fx_tracer.symnode_tracker = _LiftingTracker(
             fx_tracer.symnode_tracker, fx_tracer, parent_fx_tracer, lifted
         )
-        with _branch_stack_traces(fx_tracer, user_fn or fn):
+        with _branch_stack_traces(fx_tracer):
             gm = sub._trace_inner(run_with_interpreter(fn), *args)
     return gm, lifted
