@@ -21,8 +21,19 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 def _want_cuda() -> bool:
     forced = os.environ.get("TORCHCOND_CUDA")
-    if forced is not None:
-        return forced == "1"
+    if forced not in (None, "0", "1"):
+        raise SystemExit(f"TORCHCOND_CUDA must be 0 or 1; found {forced!r}")
+    if forced == "0":
+        return False
+    if forced == "1":
+        if torch.version.cuda is None:
+            raise SystemExit(
+                f"TORCHCOND_CUDA=1 needs a CUDA build of torch; found torch {torch.__version__} "
+                "(CPU only). Install a CUDA torch, or unset TORCHCOND_CUDA."
+            )
+        if CUDA_HOME is None:
+            raise SystemExit("TORCHCOND_CUDA=1 but no CUDA toolkit was found: set CUDA_HOME")
+        return True
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
