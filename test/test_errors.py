@@ -163,7 +163,7 @@ def test_traced_mutation_of_a_closed_over_tensor_is_refused():
 
         return cond(x.sum() > 0, t, lambda x: x, (x,))
 
-    with pytest.raises(BranchMutationError, match=r"closed-over tensor"):
+    with pytest.raises(BranchMutationError, match=r"true_fn writes in place to a tensor it closes over \(traced as .y_1., shape"):
         trace(f, x, torch.ones(2))
 
 
@@ -184,7 +184,7 @@ def test_user_exception_reaches_the_user_unchanged():
 
 def test_vmap_over_a_batched_predicate_is_refused_clearly():
     xs = torch.randn(4, 3)
-    with pytest.raises(UnsupportedCondError, match="batched under torch.func.vmap"):
+    with pytest.raises(UnsupportedCondError, match=r"cond: argument .pred. is batched under torch.func.vmap"):
         torch.vmap(lambda x: cond(x.sum() > 0, torch.cos, torch.sin, (x,)))(xs)
 
 

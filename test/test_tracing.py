@@ -288,3 +288,15 @@ def test_non_bool_tensor_predicate_is_normalized():
     assert node.args[0].meta["val"].dtype == torch.bool and node.args[0].meta["val"].dim() == 0
     torch.testing.assert_close(gm(torch.tensor([0.0]), torch.zeros(2)), -torch.ones(2))
     torch.testing.assert_close(gm(torch.tensor([-3.0]), torch.zeros(2)), torch.ones(2))
+
+
+def test_inputs_requiring_grad_never_inline_a_branch():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: x.cos(), lambda x: x.sin(), (x,))
+
+    x = torch.randn(3, requires_grad=True)
+    for mode in ("real", "symbolic"):
+        gm = make_fx(f, tracing_mode=mode)(x)
+        assert count_nodes(gm, "torchcond_cond") == 1
+        for sign in (1, -1):
+            torch.testing.assert_close(gm(sign * x.abs()), f(sign * x.abs()))

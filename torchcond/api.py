@@ -35,10 +35,12 @@ def cond(
     Args:
         pred: a Python bool or number, a ``SymBool``, or a tensor with exactly one
             element of any real dtype (read with Python truthiness).
-        true_fn, false_fn: callables taking ``*operands``. They must return pytrees
-            (tuple/list/dict) of tensors with the same structure, dtypes, devices,
-            layouts and ranks; sizes may differ (they become unbacked sizes when
-            traced). They may close over tensors, parameters and buffers.
+        true_fn: called as ``true_fn(*operands)`` when ``pred`` is true. It returns a
+            pytree (tuple/list/dict) of tensors and may close over tensors,
+            parameters and buffers.
+        false_fn: called as ``false_fn(*operands)`` otherwise. Its output must match
+            ``true_fn``'s in structure, dtypes, devices, layouts and ranks; sizes
+            may differ (they become unbacked sizes when traced).
         operands: a tuple or list of pytrees whose leaves are tensors.
 
     In eager mode only the taken branch runs, exactly as a Python ``if``. Under
@@ -106,11 +108,11 @@ def _cond_slow(pred, true_fn, false_fn, operands):
             pred = _normalize_pred(pred)
         return cond_op(pred, true_fn, false_fn, operands)
     if isinstance(pred, (bool, int, float)):
-        _warn_if_exporting("cond", "pred", pred)
+        _warn_if_exporting("cond", "pred", pred, "a tensor or a SymBool")
         return true_fn(*operands) if pred else false_fn(*operands)
     if isinstance(pred, torch.Tensor):
         _check_pred_tensor(pred)
-        if _readable_on_host(pred):
+        if _readable_on_host(pred, "cond: argument 'pred'"):
             return true_fn(*operands) if pred else false_fn(*operands)
     pred = _normalize_pred(pred)
     return _call_operator(
@@ -130,11 +132,11 @@ def _switch_slow(index, branches, operands):
             index = _normalize_index(index, n)
         return switch_op(index, *branches, operands)
     if isinstance(index, int) and not isinstance(index, bool):
-        _warn_if_exporting("switch", "index", index)
+        _warn_if_exporting("switch", "index", index, "a tensor or a SymInt")
         return branches[clamp_index(index, n)](*operands)
     if isinstance(index, torch.Tensor):
         _check_index_tensor(index)
-        if _readable_on_host(index):
+        if _readable_on_host(index, "switch: argument 'index'"):
             return branches[clamp_index(int(index), n)](*operands)
     index = _normalize_index(index, n)
     return _call_operator(
@@ -154,28 +156,28 @@ def _call_operator(op, head, labelled_branches, operands):
     return pytree.tree_unflatten(list(flat_out), spec)
 
 
-def _readable_on_host(selector: torch.Tensor) -> bool:
+def _readable_on_host(selector: torch.Tensor, what: str) -> bool:
     """A real tensor outside any tracing: a Python `if` is exact (also under grad/jvp).
 
-    A predicate batched by vmap has one value per example and cannot be read.
+    A selector batched by vmap has one value per example and cannot be read.
     """
     if _tracing() or type(selector) is not _Tensor or selector.device.type == "meta":
         return False
     if _is_functorch_wrapped(selector) and _compat.is_vmapped(selector):
         raise UnsupportedCondError(
-            "the predicate/index is batched under torch.func.vmap (one value per "
-            "example); that needs a device-side select and is not supported yet. "
-            "Pass an unbatched predicate, or use torch.where"
+            f"{what} is batched under torch.func.vmap (one value per example); that "
+            "needs a device-side select and is not supported yet. Pass an unbatched "
+            "value, or compute both sides and use torch.where"
         )
     return True
 
 
-def _warn_if_exporting(fn_name: str, arg: str, value) -> None:
+def _warn_if_exporting(fn_name: str, arg: str, value, instead: str) -> None:
     if _compat.is_exporting():
         warnings.warn(
             f"{fn_name}: argument '{arg}' is the Python constant {value!r}, so only the "
-            "branch it selects is exported. Pass a tensor or a SymBool/SymInt to keep "
-            "every branch in the graph.",
+            f"branch it selects is exported. Pass {instead} to keep every branch in "
+            "the graph.",
             UserWarning,
             stacklevel=4,
         )

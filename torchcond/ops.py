@@ -118,7 +118,7 @@ def _dense(form: _Form, selector, branches, operands):
     """Real tensors: run the taken branch. Meta predicates cannot be read: merge all."""
     if isinstance(selector, torch.Tensor) and selector.device.type == "meta":
         return _all_branches_merged(form, branches, operands, shape_env=None)
-    return tuple(branches[form.taken(selector, len(branches))](*operands))
+    return branches[form.taken(selector, len(branches))](*operands)
 
 
 def _autograd(form: _Form, selector, branches, operands):
@@ -130,7 +130,7 @@ def _autograd(form: _Form, selector, branches, operands):
     if not (torch.is_grad_enabled() and _any_requires_grad(operands)):
         return _below_autograd(form, selector, branches, operands)
     if _is_concrete(selector):
-        return tuple(branches[form.taken(selector, len(branches))](*operands))
+        return branches[form.taken(selector, len(branches))](*operands)
     return _TracedBackwardRefused.apply(form, selector, branches, *operands)
 
 
@@ -221,9 +221,16 @@ def _any_requires_grad(operands) -> bool:
 
 
 def _is_concrete(selector) -> bool:
+    """Readable on the host right now: no tracing active, a real tensor or a number.
+
+    Under a tracing mode the Autograd key runs before the mode's rule; reading the
+    selector there would inline one branch into the trace, so it never counts.
+    """
+    if _compat.tracing():
+        return False
     if isinstance(selector, torch.Tensor):
-        return not isinstance(selector, _compat.FakeTensor) and selector.device.type != "meta"
-    return not isinstance(selector, (torch.SymBool, torch.SymInt))
+        return type(selector) is torch.Tensor and selector.device.type != "meta"
+    return isinstance(selector, (bool, int))
 
 
 def _install(form: _Form) -> None:

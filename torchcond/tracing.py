@@ -172,10 +172,10 @@ def _flat_branch(branch):
 
 def _input_description(index: int, operand_paths: list[str], node) -> str:
     if index < len(operand_paths):
-        return operand_paths[index]
+        return f"its input {operand_paths[index]}"
     val = node.meta.get("val")
     shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
-    return f"a closed-over tensor ('{node.name}', shape {shape})"
+    return f"a tensor it closes over (traced as '{node.name}', shape {shape})"
 
 
 def _reject_input_mutation(gm, label: str, operand_paths: list[str]) -> None:
@@ -184,7 +184,7 @@ def _reject_input_mutation(gm, label: str, operand_paths: list[str]) -> None:
         placeholders = gm.graph.find_nodes(op="placeholder")
         i = mutated[0]
         raise BranchMutationError(
-            f"{label} writes in place to its input {_input_description(i, operand_paths, placeholders[i])}. "
+            f"{label} writes in place to {_input_description(i, operand_paths, placeholders[i])}. "
             "A traced branch may mutate its own intermediates, not its inputs: "
             "return the new value as an output instead (eager calls run as a "
             "Python `if` and allow it; traced ones cannot)"
