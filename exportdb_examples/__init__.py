@@ -6,39 +6,13 @@ Every example module defines ``Model`` (an ``nn.Module`` whose ``forward`` uses
 The cond examples mirror the cond entries of PyTorch's ExportDB; the rest are ours.
 """
 
-from . import (
-    cond_branch_class_method,
-    cond_branch_nested_function,
-    cond_branch_nonlocal_variables,
-    cond_closed_over_variable,
-    cond_operands,
-    cond_predicate,
-    cond_shape_predicate,
-    different_output_sizes,
-    nested_cond,
-    parameters_and_buffers,
-    pytree_operands_and_outputs,
-    sibling_conds,
-    switch_n_way,
-)
-
-_MODULES = (
-    cond_branch_class_method,
-    cond_branch_nested_function,
-    cond_branch_nonlocal_variables,
-    cond_closed_over_variable,
-    cond_operands,
-    cond_predicate,
-    cond_shape_predicate,
-    different_output_sizes,
-    nested_cond,
-    parameters_and_buffers,
-    pytree_operands_and_outputs,
-    sibling_conds,
-    switch_n_way,
-)
+import importlib
+import pkgutil
 
 #: Example name (the module's short name) -> example module, sorted by name.
-EXAMPLES = {m.__name__.rpartition(".")[2]: m for m in sorted(_MODULES, key=lambda m: m.__name__)}
+EXAMPLES = {
+    info.name: importlib.import_module(f"{__name__}.{info.name}")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name)
+}
 
 __all__ = ["EXAMPLES"]
