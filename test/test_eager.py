@@ -143,3 +143,10 @@ def test_fake_tensors_merge_branches():
         x = torch.empty(4, 3)
         out = cond(x.sum() > 0, lambda x: x + 1, lambda x: x.double().float(), (x,))
     assert out.shape == (4, 3) and out.dtype == torch.float32
+
+
+def test_numpy_scalars_as_predicate_and_index():
+    np = pytest.importorskip("numpy")
+    x = torch.ones(2)
+    torch.testing.assert_close(cond(np.bool_(False), lambda x: x + 1, lambda x: x - 1, (x,)), x - 1)
+    torch.testing.assert_close(switch(np.int64(1), [lambda x: x, lambda x: x * 3], (x,)), x * 3)

@@ -208,3 +208,41 @@ def test_bad_input_leaves_inputs_untouched():
 def test_every_error_is_a_cond_error():
     for cls in (CondArgumentError, BranchMismatchError, BranchMutationError, UnsupportedCondError):
         assert issubclass(cls, CondError)
+
+
+def test_writes_through_out_keyword_are_refused():
+    def f(x):
+        return cond(x.sum() > 0, lambda a: torch.sin(a, out=a), lambda a: a * 2, (x,))
+
+    with pytest.raises(BranchMutationError, match=re.escape("true_fn writes in place to its input operands[0]")):
+        trace(f, x)
+
+
+def test_writes_to_a_plain_tensor_attribute_are_refused_in_export():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.zeros(3)  # not a buffer: a constant of the program
+
+        def forward(self, x):
+            def t(a):
+                self.c.add_(1)
+                return a + self.c
+
+            return cond(x.sum() > 0, t, lambda a: a * 2, (x,))
+
+    with pytest.raises(BranchMutationError, match="a tensor it closes over"):
+        torch.export.export(M(), (torch.ones(3),), strict=False)
+
+
+def test_meta_selector_with_real_operands():
+    pred = torch.tensor(False, device="meta")
+    with pytest.raises(CondArgumentError, match=r"selector is a meta tensor.*operands are real tensors \(on cpu\)"):
+        cond(pred, lambda a: a * 2, lambda a: a, (x,))
+    with pytest.raises(CondArgumentError, match="selector is a meta tensor"):
+        switch(torch.tensor(0, device="meta"), [ident, ident], (x,))
+
+
+def test_switch_checks_every_branch_even_when_another_is_taken():
+    with pytest.raises(CondArgumentError, match=r"'branches\[1\]' must be callable; found NoneType"):
+        switch(torch.tensor(0), [ident, None], (x,))

@@ -152,3 +152,64 @@ def test_run_decompositions_keeps_the_operator(strict):
         for n in (2, 9):
             x = torch.randn(n, 3)
             torch.testing.assert_close(loaded(x), m(x))
+
+
+class PlainConstants(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = torch.tensor([5.0, 6.0, 7.0])  # a plain attribute, not a buffer
+
+    def forward(self, x):
+        return cond(x.sum() > 0, lambda a: a + self.c + GLOBAL, lambda a: a * 2, (x,))
+
+
+GLOBAL = torch.tensor([1.0, 2.0, 3.0])
+
+
+@STRICTNESS
+def test_closed_over_plain_tensors_are_lifted_and_saved(strict):
+    m = PlainConstants()
+    ep = export(m, (torch.ones(3),), strict=strict)
+    for gm in ep.graph_module.modules():
+        if isinstance(gm, torch.fx.GraphModule) and gm is not ep.graph_module:
+            assert not [n for n in gm.graph.nodes if n.op == "get_attr"], gm.code
+    ep.run_decompositions()
+    loaded = round_trip(ep).module()
+    for x in (torch.ones(3), -torch.ones(3)):
+        torch.testing.assert_close(loaded(x), m(x))
+
+
+@STRICTNESS
+def test_a_conditional_without_outputs_records_nothing(strict):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, cond(x.sum() > 0, lambda a: (), lambda a: (), (x,))
+
+    ep = export(M(), (torch.ones(3),), strict=strict)
+    assert count_nodes(ep.graph_module, "torchcond_cond") == 0
+    out, empty = round_trip(ep).module()(torch.ones(3))
+    assert empty == () and torch.equal(out, torch.full((3,), 2.0))
+
+
+@STRICTNESS
+def test_switch_index_is_clamped_in_the_graph_for_symint_indices(strict):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return switch(x.shape[0] - 3, [lambda a: a + 1, lambda a: a * 2, lambda a: a - 5], (x,))
+
+    ep = export(M(), (torch.ones(4),), dynamic_shapes=({0: BATCH},), strict=strict)
+    node = [n for n in ep.graph.nodes if n.op == "call_function" and "torchcond_switch" in str(n.target)][0]
+    assert "sym_min" in str(node.args[0].target) or "min" in node.args[0].name
+    loaded = round_trip(ep).module()
+    for n in (2, 3, 4, 5, 30):
+        torch.testing.assert_close(loaded(torch.ones(n)), M()(torch.ones(n)))
+
+
+def test_narrow_integer_index_with_many_branches():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    branches = [lambda a, k=k: a + k for k in range(300)]
+    gm = make_fx(lambda i, x: switch(i, branches, (x,)), tracing_mode="symbolic")(
+        torch.tensor(3, dtype=torch.uint8), torch.zeros(2)
+    )
+    torch.testing.assert_close(gm(torch.tensor(255, dtype=torch.uint8), torch.zeros(2)), torch.full((2,), 255.0))

@@ -83,15 +83,16 @@ def switch(
         type(index) is _Tensor
         and type(branches) is list
         and branches
+        and _all_callable(branches)
         and _plain_operands(operands)
         and not _tracing()
-        and index.numel() == 1
-        and not _is_functorch_wrapped(index)
         and _is_integer_dtype(index.dtype)
     ):
-        branch = branches[min(max(int(index), 0), len(branches) - 1)]
-        if callable(branch):
-            return branch(*operands)
+        try:
+            i = index.__index__()
+        except (RuntimeError, TypeError):  # several elements, meta, batched: explained below
+            return _switch_slow(index, branches, operands)
+        return branches[min(max(i, 0), len(branches) - 1)](*operands)
     return _switch_slow(index, branches, operands)
 
 
@@ -107,6 +108,7 @@ def _cond_slow(pred, true_fn, false_fn, operands):
         if isinstance(pred, torch.Tensor):
             pred = _normalize_pred(pred)
         return cond_op(pred, true_fn, false_fn, operands)
+    pred = _python_scalar(pred)
     if isinstance(pred, (bool, int, float)):
         _warn_if_exporting("cond", "pred", pred, "a tensor or a SymBool")
         return true_fn(*operands) if pred else false_fn(*operands)
@@ -127,9 +129,13 @@ def _switch_slow(index, branches, operands):
     branches = _check_branch_list(branches)
     _check_operands(operands)
     n = len(branches)
+    index = _python_scalar(index)
     if _compat.is_dynamo_compiling():
+        # As in the other modes, the graph holds the clamped index.
         if isinstance(index, torch.Tensor):
             index = _normalize_index(index, n)
+        else:
+            index = torch.sym_min(torch.sym_max(index, 0), n - 1)
         return switch_op(index, *branches, operands)
     if isinstance(index, int) and not isinstance(index, bool):
         _warn_if_exporting("switch", "index", index, "a tensor or a SymInt")
@@ -154,6 +160,13 @@ def _call_operator(op, head, labelled_branches, operands):
     flat_out = op(*head(flat_branches), tuple(flat_operands))
     spec = next(s for s in branch_specs(flat_branches) if s is not None)
     return pytree.tree_unflatten(list(flat_out), spec)
+
+
+def _python_scalar(value):
+    """NumPy scalars (np.bool_, np.float32, ...) as the Python numbers they hold."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return value.item()
+    return value
 
 
 def _readable_on_host(selector: torch.Tensor, what: str) -> bool:
@@ -209,7 +222,8 @@ def _normalize_index(index, n: int):
             f"integer tensor; found {type(index).__name__} ({index!r})"
         )
     _check_index_tensor(index)
-    return index.reshape(()).clamp(0, n - 1)
+    # int64 first: a narrow dtype (uint8, int8) cannot even hold n - 1 for many branches.
+    return index.reshape(()).to(torch.int64).clamp(0, n - 1)
 
 
 # --- validation -----------------------------------------------------------------------
@@ -265,6 +279,13 @@ def _check_branch_list(branches) -> list:
         )
     _check_branches(branches, [f"branches[{i}]" for i in range(len(branches))])
     return list(branches)
+
+
+def _all_callable(branches) -> bool:
+    for b in branches:
+        if not callable(b):
+            return False
+    return True
 
 
 def _plain_operands(operands) -> bool:

@@ -19,8 +19,9 @@ import torch.utils._pytree as pytree
 from . import _compat
 from ._compat import DispatchKey
 from ._compat import dynamo as _compat_dynamo, FakeTensorMode, ProxyTorchDispatchMode
-from .errors import UnsupportedCondError
+from .errors import CondArgumentError, UnsupportedCondError
 from .merge import merge_branch_outputs
+from .subgraph import output_values
 from .tracing import branch_specs, check_same_structure, leaf_paths, trace_branches
 
 
@@ -117,6 +118,13 @@ _FORMS = {
 def _dense(form: _Form, selector, branches, operands):
     """Real tensors: run the taken branch. Meta predicates cannot be read: merge all."""
     if isinstance(selector, torch.Tensor) and selector.device.type == "meta":
+        real = [t.device for t in operands if isinstance(t, torch.Tensor) and t.device.type != "meta"]
+        if real:
+            raise CondArgumentError(
+                f"{form.op.name()}: the selector is a meta tensor, so no branch can be "
+                f"chosen, but operands are real tensors (on {real[0]}); put the "
+                "selector on their device, or make every operand a meta tensor"
+            )
         return _all_branches_merged(form, branches, operands, shape_env=None)
     return branches[form.taken(selector, len(branches))](*operands)
 
@@ -166,6 +174,10 @@ def _proxy(form: _Form, mode: ProxyTorchDispatchMode, selector, branches, operan
     tracer = mode.tracer
     labels = form.labels(len(branches))
     graphs, operands = trace_branches(tracer, branches, tuple(operands), labels)
+    if not output_values(graphs[0]):
+        # Branches that may not mutate their inputs and return nothing have no effect:
+        # checked and traced, but nothing to record.
+        return ()
     for name, gm in zip(form.graph_names(tracer.root, len(graphs)), graphs):
         tracer.root.register_module(name, gm)
     args = form.pack(selector, graphs, operands)

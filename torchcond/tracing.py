@@ -7,9 +7,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from . import _compat
-from .errors import BranchMismatchError, BranchMutationError
-from .merge import same_layout
+from . import _compat, subgraph
+from .errors import BranchMismatchError
 
 
 def describe_structure(spec: pytree.TreeSpec) -> str:
@@ -125,10 +124,10 @@ def trace_branches(
     for (gm, branch_lifted), label, spec in zip(traced, labels, branch_specs(branches)):
         gm.meta["torchcond_out_spec"] = spec
         _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
-        _reject_input_mutation(gm, label, operand_paths)
-        _clone_aliased_outputs(gm)
+        subgraph.reject_input_writes(gm, label, operand_paths)
+        subgraph.copy_aliased_outputs(gm)
         graphs.append(gm)
-    _align_output_layouts(graphs)
+    subgraph.align_output_layouts(graphs)
     return graphs, tuple(operands) + tuple(lifted.values())
 
 
@@ -168,69 +167,3 @@ def _flat_branch(branch):
     while not isinstance(branch, FlatBranch) and getattr(branch, "origin", None) is not None:
         branch = branch.origin
     return branch
-
-
-def _input_description(index: int, operand_paths: list[str], node) -> str:
-    if index < len(operand_paths):
-        return f"its input {operand_paths[index]}"
-    val = node.meta.get("val")
-    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
-    return f"a tensor it closes over (traced as '{node.name}', shape {shape})"
-
-
-def _reject_input_mutation(gm, label: str, operand_paths: list[str]) -> None:
-    _, _, mutated = _compat.graph_alias_and_mutation(gm)
-    if mutated:
-        placeholders = gm.graph.find_nodes(op="placeholder")
-        i = mutated[0]
-        raise BranchMutationError(
-            f"{label} writes in place to {_input_description(i, operand_paths, placeholders[i])}. "
-            "A traced branch may mutate its own intermediates, not its inputs: "
-            "return the new value as an output instead (eager calls run as a "
-            "Python `if` and allow it; traced ones cannot)"
-        )
-
-
-def _clone_aliased_outputs(gm) -> None:
-    """Outputs that are (views of) inputs, or repeat another output, become copies.
-
-    An identity branch then works everywhere without the user adding ``.clone()``,
-    and the operator's outputs never alias its inputs or each other.
-    """
-    inp_out, out_out, _ = _compat.graph_alias_and_mutation(gm)
-    _copy_outputs(gm, set(inp_out.values()) | set(out_out.keys()))
-
-
-def _align_output_layouts(graphs) -> None:
-    """Where branches return different strides for an output, each returns it contiguous.
-
-    The merged fake output promises contiguous strides in that case (merge.py).
-    """
-    outputs = [_output_values(gm) for gm in graphs]
-    for i, per_branch in enumerate(zip(*outputs)):
-        if same_layout(per_branch):
-            continue
-        for gm, val in zip(graphs, per_branch):
-            if not _compat.definitely_contiguous(val):
-                _copy_outputs(gm, {i}, memory_format=torch.contiguous_format)
-
-
-def _output_values(gm) -> list:
-    return [n.meta["val"] for n in gm.graph.find_nodes(op="output")[0].args[0]]
-
-
-def _copy_outputs(gm, indices, memory_format=None) -> None:
-    """Replace the graph's outputs at ``indices`` by fresh copies."""
-    if not indices:
-        return
-    output = gm.graph.find_nodes(op="output")[0]
-    outs = list(output.args[0])
-    kwargs = {} if memory_format is None else {"memory_format": memory_format}
-    for i in sorted(indices):
-        with gm.graph.inserting_before(output):
-            copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],), kwargs)
-        with _compat.disable_proxy_modes_tracing():
-            copy.meta["val"] = outs[i].meta["val"].clone(**kwargs)
-        outs[i] = copy
-    output.args = (tuple(outs),)
-    gm.recompile()

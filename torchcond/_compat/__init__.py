@@ -149,17 +149,9 @@ def definitely_contiguous(t: torch.Tensor) -> bool:
 # --- graph analysis ----------------------------------------------------------------
 
 
-def graph_alias_and_mutation(gm: torch.fx.GraphModule):
-    """(input->output alias map, output->output alias map, mutated input indices).
-
-    Reads the fake values make_fx stores in ``node.meta['val']``.
-    """
-    from torch._higher_order_ops.utils import (
-        check_input_alias_and_mutation_return_outputs,
-    )
-
-    _, inp_out, out_out, mutated, _ = check_input_alias_and_mutation_return_outputs(gm)
-    return inp_out, out_out, mutated
+def storage_key(t: torch.Tensor) -> StorageWeakRef:
+    """Identity of ``t``'s storage (real or fake): equal for views of one tensor."""
+    return StorageWeakRef(t.untyped_storage())
 
 
 # --- tracing a branch with closure lifting -----------------------------------------
@@ -204,9 +196,15 @@ class _LiftingTracker:
 
     def _lift(self, key):
         outer = get_proxy_slot(key, self._parent, None)
-        if outer is None:
+        if outer is not None:
+            outer_proxy = outer.proxy if isinstance(key, torch.Tensor) else outer.force()
+            name = outer_proxy.node.name
+        elif _is_real_tensor(key):
+            # A plain tensor attribute or global: a constant of the whole program. It
+            # is lifted too, so the enclosing graph owns it (export lifts constants).
+            name = "closed_over_constant"
+        else:
             return None
-        outer_proxy = outer.proxy if isinstance(key, torch.Tensor) else outer.force()
         graph = self._sub.graph
         placeholders = graph.find_nodes(op="placeholder")
         where = (
@@ -215,7 +213,7 @@ class _LiftingTracker:
             else graph.inserting_before(next(iter(graph.nodes), None))
         )
         with where:
-            node = graph.placeholder(outer_proxy.node.name)
+            node = graph.placeholder(name)
         node.target = node.name  # the argument name must be unique too
         proxy = torch.fx.Proxy(node, self._sub)
         if isinstance(key, torch.Tensor):
@@ -225,6 +223,15 @@ class _LiftingTracker:
             self._base[key] = _proxy_tensor.thunkify(self._sub, lambda: proxy)
         self._lifted.append((key, node))
         return self._base.get(key)
+
+
+def _is_real_tensor(value) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and not isinstance(value, FakeTensor)
+        and not torch._is_functional_tensor(value)
+        and value.device.type != "meta"
+    )
 
 
 def _new_sub_tracer(parent):

@@ -1,0 +1,139 @@
+"""Checks and rewrites of a traced branch graph, read from its fake values.
+
+* No branch writes to its inputs (operands or lifted closures) or to graph constants.
+* No output aliases an input, a constant, or another output: such outputs are copied.
+* Where branches disagree on an output's strides, each returns it contiguous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import _compat
+from .errors import BranchMutationError
+from .merge import same_layout
+
+
+def reject_input_writes(gm: torch.fx.GraphModule, label: str, input_names: Sequence[str]) -> None:
+    """Raise if any op writes (in place, or through ``out=``) into an input or constant."""
+    roots = _root_storages(gm)
+    for node in gm.graph.nodes:
+        for written in _written_values(node):
+            root = roots.get(_storage(written))
+            if root is not None:
+                raise BranchMutationError(
+                    f"{label} writes in place to {_describe_root(gm, root, input_names)}. "
+                    "A traced branch may mutate its own intermediates, not its inputs: "
+                    "return the new value as an output instead (eager calls run as a "
+                    "Python `if` and allow it; traced ones cannot)"
+                )
+
+
+def copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:
+    """Outputs that are (views of) inputs or constants, or repeat another output, become copies.
+
+    An identity branch then works everywhere without the user adding ``.clone()``,
+    and the operator's outputs never alias its inputs or each other.
+    """
+    roots = _root_storages(gm)
+    seen: set = set()
+    aliased = set()
+    for i, val in enumerate(output_values(gm)):
+        key = _storage(val)
+        if key in roots or key in seen:
+            aliased.add(i)
+        seen.add(key)
+    _copy_outputs(gm, aliased)
+
+
+def align_output_layouts(graphs: Sequence[torch.fx.GraphModule]) -> None:
+    """Where branches return different strides for an output, each returns it contiguous.
+
+    The merged fake output promises contiguous strides in that case (merge.py).
+    """
+    outputs = [output_values(gm) for gm in graphs]
+    for i, per_branch in enumerate(zip(*outputs)):
+        if same_layout(per_branch):
+            continue
+        for gm, val in zip(graphs, per_branch):
+            if not _compat.definitely_contiguous(val):
+                _copy_outputs(gm, {i}, memory_format=torch.contiguous_format)
+
+
+def output_values(gm: torch.fx.GraphModule) -> list:
+    return [n.meta["val"] for n in gm.graph.find_nodes(op="output")[0].args[0]]
+
+
+def _storage(value):
+    return _compat.storage_key(value) if isinstance(value, torch.Tensor) else None
+
+
+def _root_storages(gm) -> dict:
+    """Storage -> the placeholder or constant node that owns it."""
+    roots = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            value = node.meta.get("val")
+        elif node.op == "get_attr":
+            value = node.meta.get("val", getattr(gm, node.target, None))
+        else:
+            continue
+        key = _storage(value)
+        if key is not None:
+            roots.setdefault(key, node)
+    return roots
+
+
+def _written_values(node) -> list:
+    """Fake values of the arguments ``node``'s schema marks as written (``a!``)."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return []
+    written = []
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if arg.name in node.kwargs:
+            value = node.kwargs[arg.name]
+        elif i < len(node.args) and not arg.kwarg_only:
+            value = node.args[i]
+        else:
+            continue
+        for leaf in pytree.tree_leaves(value):
+            if isinstance(leaf, torch.fx.Node):
+                written.append(leaf.meta.get("val"))
+    return written
+
+
+def _describe_root(gm, node, input_names: Sequence[str]) -> str:
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    if node in placeholders:
+        i = placeholders.index(node)
+        if i < len(input_names):
+            return f"its input {input_names[i]}"
+        what = "a tensor it closes over"
+    else:
+        what = "a constant tensor"
+    val = node.meta.get("val")
+    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    return f"{what} (traced as '{node.name}', shape {shape})"
+
+
+def _copy_outputs(gm, indices, memory_format=None) -> None:
+    """Replace the graph's outputs at ``indices`` by fresh copies."""
+    if not indices:
+        return
+    output = gm.graph.find_nodes(op="output")[0]
+    outs = list(output.args[0])
+    kwargs = {} if memory_format is None else {"memory_format": memory_format}
+    for i in sorted(indices):
+        with gm.graph.inserting_before(output):
+            copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],), kwargs)
+        with _compat.disable_proxy_modes_tracing():
+            copy.meta["val"] = outs[i].meta["val"].clone(**kwargs)
+        outs[i] = copy
+    output.args = (tuple(outs),)
+    gm.recompile()
