@@ -8,7 +8,7 @@ import torch
 from torch.export import Dim, export
 
 from helpers import count_nodes
-from torchcond import BranchMutationError, cond, switch
+from torchcond import BranchMutationError, UnsupportedCondError, cond, switch
 
 STRICTNESS = pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
 BATCH = Dim("batch", min=2, max=64)
@@ -213,3 +213,20 @@ def test_narrow_integer_index_with_many_branches():
         torch.tensor(3, dtype=torch.uint8), torch.zeros(2)
     )
     torch.testing.assert_close(gm(torch.tensor(255, dtype=torch.uint8), torch.zeros(2)), torch.full((2,), 255.0))
+
+
+def test_torch_func_over_an_exported_program():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return cond(x.sum() > 0, lambda a: (a**3).sum(), lambda a: a.sin().sum(), (x,))
+
+    loaded = round_trip(export(M(), (torch.randn(3),))).module()
+    for x in (torch.tensor([0.5, 1.0, 2.0]), torch.tensor([-0.5, -1.0, 0.3])):
+        torch.testing.assert_close(torch.func.grad(loaded)(x), torch.func.grad(M())(x))
+        torch.testing.assert_close(torch.func.hessian(loaded)(x), torch.func.hessian(M())(x))
+        _, t1 = torch.func.jvp(loaded, (x,), (torch.ones(3),))
+        _, t2 = torch.func.jvp(M(), (x,), (torch.ones(3),))
+        torch.testing.assert_close(t1, t2)
+    xs = torch.randn(4, 3)
+    with pytest.raises(UnsupportedCondError, match="torch.func vmap over this conditional"):
+        torch.vmap(loaded)(xs)

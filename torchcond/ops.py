@@ -200,6 +200,25 @@ def _functionalize(form: _Form, ctx, selector, branches, operands):
     return ctx.wrap_tensors(out)
 
 
+def _functorch(form: _Form, interpreter, selector, branches, operands):
+    """torch.func transforms (e.g. over an exported program): a Python `if` when readable.
+
+    The taken branch runs on the transform's wrapped tensors, so grad/jvp/vmap apply
+    to it as they would to the same code written with `if`.
+    """
+    if _is_concrete(selector):
+        return branches[form.taken(selector, len(branches))](*operands)
+    transform = interpreter.key().name.lower()
+    if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
+        why = "the selector is batched (one value per example), which needs a device-side select"
+    else:
+        why = f"the selector is symbolic or traced ({type(selector).__name__})"
+    raise UnsupportedCondError(
+        f"{form.op.name()}: torch.func {transform} over this conditional is not supported "
+        f"yet: {why}"
+    )
+
+
 # --- helpers -------------------------------------------------------------------------
 
 
@@ -241,6 +260,10 @@ def _is_concrete(selector) -> bool:
     if _compat.tracing():
         return False
     if isinstance(selector, torch.Tensor):
+        if _compat.is_functorch_wrapped(selector):
+            if _compat.is_vmapped(selector):
+                return False
+            selector = _compat.functorch_base(selector)
         return type(selector) is torch.Tensor and selector.device.type != "meta"
     return isinstance(selector, (bool, int))
 
@@ -267,6 +290,12 @@ def _install(form: _Form) -> None:
     @op.py_functionalize_impl
     def functionalize(ctx, *args):
         return _functionalize(form, ctx, *unpack(args))
+
+    for transform in _compat.FUNCTORCH_TRANSFORMS:
+
+        @op.py_impl(transform)
+        def functorch(interpreter, *args):
+            return _functorch(form, interpreter, *unpack(args))
 
 
 for _form in _FORMS.values():

@@ -84,6 +84,20 @@ def tracing() -> bool:
 is_functorch_wrapped = _is_functorch_wrapped
 
 
+FUNCTORCH_TRANSFORMS = (
+    torch._C._functorch.TransformType.Grad,
+    torch._C._functorch.TransformType.Jvp,
+    torch._C._functorch.TransformType.Vmap,
+)
+
+
+def functorch_base(t: torch.Tensor) -> torch.Tensor:
+    """The tensor under every functorch wrapper (grad, jvp, vmap levels)."""
+    while _is_functorch_wrapped(t):
+        t = _functorch_unwrap(t)
+    return t
+
+
 def is_vmapped(t: torch.Tensor) -> bool:
     """True when ``t`` is batched at any functorch level (vmap, vmap of grad, ...)."""
     while _is_functorch_wrapped(t):
