@@ -61,3 +61,36 @@ def test_training_through_a_compiled_cond_is_refused_clearly():
     with pytest.raises(Exception, match="backward through a conditional whose selector is symbolic") as info:
         torch.compile(f, backend="aot_eager", fullgraph=True)(x).sum().backward()
     assert isinstance(info.value, UnsupportedCondError) or "UnsupportedCondError" in str(info.value)
+
+
+X = torch.arange(6.0).reshape(2, 3)
+
+DYNAMO_CASES = {
+    "switch_tuple_outputs": lambda x, i: switch(i, [lambda a: (a + 1, a), lambda a: (a - 1, a * 2)], (x,)),
+    "cond_nested_in_switch": lambda x, i: switch(
+        i, [lambda a: a + 1, lambda a: cond(a.sum() > 0, lambda b: b * 2, lambda b: b, (a,))], (x,)
+    ),
+    "views_with_offsets": lambda x, i: cond(x.sum() > 0, lambda a: (a, a[1:]), lambda a: (a * 2, a[:-1] + 0), (x,)),
+    "different_strides": lambda x, i: cond(x.sum() > 0, lambda a: a.t().contiguous().t(), lambda a: a * 2, (x,)),
+    "different_sizes": lambda x, i: cond(x.sum() > 0, lambda a: a[1:], lambda a: a[:1] * 2, (x,)),
+    "dict_outputs": lambda x, i: cond(x.sum() > 0, lambda a: {"h": a + 1, "l": [a]}, lambda a: {"h": a, "l": [a * 3]}, (x,)),
+}
+
+
+@pytest.mark.parametrize("name", list(DYNAMO_CASES), ids=list(DYNAMO_CASES))
+def test_dynamo_capture_matches_eager(name):
+    fn = DYNAMO_CASES[name]
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    for x in (X, -X):
+        for i in (0, 1, 3):
+            idx = torch.tensor(i)
+            torch.testing.assert_close(compiled(x, idx), fn(x, idx))
+
+
+def test_dynamo_keeps_torchcond_messages():
+    def f(x):
+        return cond(x.sum() > 0, lambda a: (a, {"h": a}), lambda a: (a, {"h": a.long()}), (x,))
+
+    # Dynamo wraps exceptions raised while it traces; the message names the output path.
+    with pytest.raises(Exception, match=r"output\[1\]\['h'\]: branches must agree on dtype"):
+        torch.compile(f, backend="eager", fullgraph=True)(X)

@@ -301,4 +301,4 @@ def _install(form: _Form) -> None:
 for _form in _FORMS.values():
     _install(_form)
 
-_compat_dynamo.install(cond_op, switch_op)
+_compat_dynamo.install({form.op: form.taken for form in _FORMS.values()})

@@ -4,11 +4,11 @@ Dynamo picks a variable class for a higher-order operator by the operator's name
 from ``torch._dynamo.variables.higher_order_ops._hop_name_to_variable_class``; an
 unknown name is a hard "unsupported HigherOrderOperator". We add two classes:
 
-* cond: dynamo's ``CondHigherOrderVariable`` already speculates both branches, lifts
-  closures and merges their inputs, but emits ``torch.ops.higher_order.cond``. We
-  let it run and retarget the one node it appended to our operator.
-* switch: dynamo has no N-way conditional, so the class below speculates every
-  branch with ``speculate_subgraph`` and merges their lifted inputs itself.
+Both operators are ``op(selector, branch_0, ..., branch_n, operands)``, so one
+class serves both: it speculates every branch with ``speculate_subgraph`` (which lifts
+closures), gives every branch graph the same lifted inputs, and emits our operator.
+Dynamo's own ``CondHigherOrderVariable`` is not reused: it emits torch's cond, whose
+fake rule and errors differ from ours.
 
 Checked on torch 2.11.0 and 2.13.0 (identical internals for everything used here).
 Importing dynamo costs most of a second, so nothing here runs until dynamo itself is
@@ -20,19 +20,25 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 import torch
+import torch.utils._pytree as pytree
 
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
 
 
-def install(cond_op, switch_op) -> None:
-    """Register the variable classes now if dynamo is loaded, else right after it loads."""
+def install(taken_by_op: dict) -> None:
+    """Register a variable class per operator, now if dynamo is loaded, else once it loads.
+
+    ``taken_by_op`` maps each operator to ``taken(constant_selector, n) -> branch index``,
+    used when dynamo sees a constant selector and inlines that branch.
+    """
     module = sys.modules.get(_HOP_VARIABLES)
     if module is not None:
-        _register(module, cond_op, switch_op)
+        _register(module, taken_by_op)
     else:
-        sys.meta_path.insert(0, _AfterImport(_HOP_VARIABLES, lambda m: _register(m, cond_op, switch_op)))
+        sys.meta_path.insert(0, _AfterImport(_HOP_VARIABLES, lambda m: _register(m, taken_by_op)))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -60,45 +66,21 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _register(hop, cond_op, switch_op) -> None:
+def _register(hop, taken_by_op: dict) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
-    registry[cond_op.name()] = _cond_variable_class(hop)
-    registry[switch_op.name()] = _switch_variable_class(hop)
+    for op, taken in taken_by_op.items():
+        registry[op.name()] = _conditional_variable_class(hop, op.name(), taken)
 
 
-# A branch that returns an operand (or a view of one) is fine: when the captured
-# graph is traced again, tracing.py clones such outputs. Input mutation stays refused.
-# 2.13 assigns both flags on every call (from grad mode), hence properties whose
-# setters ignore the assignment.
-_ALIASING_ALLOWED = property(lambda self: True, lambda self, value: None)
-_MUTATION_REFUSED = property(lambda self: False, lambda self, value: None)
+def _conditional_variable_class(hop, op_name: str, taken):
+    """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
-
-def _cond_variable_class(hop):
-    class TorchcondCondVariable(hop.CondHigherOrderVariable):
-        """Dynamo's cond capture, emitting ``torchcond_cond`` instead of torch's cond."""
-
-        _HOP_NAME = "torchcond_cond"
-        supports_aliasing = _ALIASING_ALLOWED
-        supports_input_mutation = _MUTATION_REFUSED
-
-        def _call_function(self, tx, args, kwargs):
-            graph = tx.output.current_tracer.graph  # the subtracer's when nested
-            tail = next(iter(reversed(graph.nodes)), None)
-            result = super()._call_function(tx, args, kwargs)
-            for node in reversed(graph.nodes):  # new nodes were appended after tail
-                if node is tail:
-                    break
-                if node.op == "call_function" and node.target is torch.ops.higher_order.cond:
-                    node.target = self.value
-            return result
-
-    return TorchcondCondVariable
-
-
-def _switch_variable_class(hop):
+    Every branch is speculated into a subgraph; the subgraphs get the union of all
+    branches' lifted inputs in one order; the node emitted is our operator, so its
+    example value comes from torchcond's own fake rule (merge.py).
+    """
     # Dynamo's package is still being imported when this runs: its names are
-    # looked up when a switch is traced, not now.
+    # looked up when a conditional is traced, not now.
     def variables():
         from torch._dynamo import variables
 
@@ -108,10 +90,11 @@ def _switch_variable_class(hop):
         from torch._dynamo.exc import unimplemented
 
         unimplemented(
-            gb_type=f"torchcond_switch: {what}",
+            gb_type=f"{op_name}: {what}",
             context=str(context),
-            explanation="torchcond_switch(index, branch_0, ..., branch_n, operands) "
-            "needs a tensor/SymInt index, callables, and a tuple of tensor operands",
+            explanation=f"{op_name}(selector, branch_0, ..., branch_n, operands) needs a "
+            "tensor or symbolic selector, callables returning pytrees of tensors with one "
+            "structure, and a tuple of tensor operands",
             hints=[],
         )
 
@@ -119,42 +102,44 @@ def _switch_variable_class(hop):
         node = proxy.node
         return ("attr", node.target) if node.op == "get_attr" else ("node", node)
 
-    class TorchcondSwitchVariable(hop.TorchHigherOrderOperatorVariable):
-        """N-way speculation: every branch becomes a subgraph taking the same inputs."""
-
-        _HOP_NAME = "torchcond_switch"
+    class TorchcondConditionalVariable(hop.TorchHigherOrderOperatorVariable):
+        _HOP_NAME = op_name
         _ALLOW_FALLBACK_TO_EAGER = False
 
         def _call_function(self, tx, args, kwargs):
             v = variables()
             args, kwargs = v.lazy.LazyVariableTracker.realize_all((args, kwargs))
             if kwargs or len(args) < 3:
-                refuse("bad arguments", args)
-            index, branch_vts, operands = args[0], list(args[1:-1]), args[-1]
+                refuse("bad arguments", (args, kwargs))
+            selector, branch_vts, operands = args[0], list(args[1:-1]), args[-1]
             if not isinstance(operands, (v.ListVariable, v.TupleVariable)):
                 refuse("operands must be a tuple or list", operands)
             operand_vts = operands.unpack_var_sequence(tx)
             if not hop.only_consist_of(operands, (v.TensorVariable, v.ConstantVariable, v.SymNodeVariable)):
                 refuse("operands must be tensors", operands)
-            if index.is_python_constant():
-                i = min(max(int(index.as_python_constant()), 0), len(branch_vts) - 1)
-                return branch_vts[i].call_function(tx, list(operand_vts), {})
-            if not isinstance(index, (v.TensorVariable, v.SymNodeVariable)):
-                refuse("index must be an integer tensor or SymInt", index)
+            if selector.is_python_constant():
+                constant = selector.as_python_constant()
+                _warn_constant_selector(op_name, constant)
+                branch = branch_vts[taken(constant, len(branch_vts))]
+                return branch.call_function(tx, list(operand_vts), {})
+            if not isinstance(selector, (v.TensorVariable, v.SymNodeVariable)):
+                refuse("the selector must be a tensor or a SymBool/SymInt", selector)
 
             speculated = [self._speculate(tx, j, b, operand_vts) for j, b in enumerate(branch_vts)]
-            first_spec = speculated[0][1]
+            first_spec = speculated[0][1].treespec
             for _, spec, *_ in speculated[1:]:
-                if spec.treespec != first_spec.treespec:
-                    refuse("branches return different structures", (first_spec.treespec, spec.treespec))
+                same = hop._make_inlined(tx, pytree.TreeSpec.__eq__)(first_spec, spec.treespec)
+                if not same.as_python_constant():
+                    refuse("branches return different pytree structures", (first_spec, spec.treespec))
             shared = self._merge_lifted_inputs(speculated)
-            graph_nodes = [
-                hop.make_attr(tx, tx.output.install_subgraph(f"switch_branch_{j}", torch.fx.GraphModule(mods, g)))
-                for j, (_, _, g, _, mods) in enumerate(speculated)
-            ]
-            proxy_args = (index.as_proxy(), *graph_nodes, tuple(shared))
+            graph_nodes = []
+            for j, (_, spec, graph, _, modules) in enumerate(speculated):
+                gm = torch.fx.GraphModule(modules, graph)
+                gm.meta["torchcond_out_spec"] = _python_treespec(spec)
+                graph_nodes.append(hop.make_attr(tx, tx.output.install_subgraph(f"{op_name}_branch_{j}", gm)))
+            proxy_args = (selector.as_proxy(), *graph_nodes, tuple(shared))
             return hop._call_function_and_unflatten_output(
-                tx, self.value, proxy_args, {}, None, first_spec, speculated[0][0]
+                tx, self.value, proxy_args, {}, None, speculated[0][1], speculated[0][0]
             )
 
         def _speculate(self, tx, j, branch, operand_vts):
@@ -168,12 +153,14 @@ def _switch_variable_class(hop):
                 source_target=self.value,
                 should_flatten_outputs=True,
                 remove_consts_from_outputs=False,
+                # Writes to inputs are refused; an output that is (a view of) an
+                # input is fine: tracing.py copies it when the graph is traced again.
                 supports_input_mutation=False,
                 supports_aliasing=True,
             )
-            tx.fake_mode.epoch += 1
+            tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
             if not hop.only_consist_of(ret_val, (variables().TensorVariable,)):
-                refuse("branches must return tensors", ret_val)
+                refuse("branches must return pytrees of tensors", ret_val)
             return ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules)
 
         @staticmethod
@@ -197,4 +184,26 @@ def _switch_variable_class(hop):
                             graph.erase_node(old.node)
             return shared
 
-    return TorchcondSwitchVariable
+    return TorchcondConditionalVariable
+
+
+def _python_treespec(spec):
+    """The output TreeSpec as a Python object (a variable tracker on some versions)."""
+    treespec = spec.treespec
+    if isinstance(treespec, pytree.TreeSpec) or treespec is None:
+        return treespec
+    try:
+        return treespec.as_python_constant()
+    except Exception:  # only used to name output paths in error messages
+        return None
+
+
+def _warn_constant_selector(op_name: str, constant) -> None:
+    if torch.compiler.is_exporting():
+        warnings.warn(
+            f"{op_name}: the selector is the Python constant {constant!r}, so only the "
+            "branch it selects is exported. Pass a tensor or a symbolic value to keep "
+            "every branch in the graph.",
+            UserWarning,
+            stacklevel=2,
+        )
