@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import _compat
+from ._compat import pytree
 from .errors import CondArgumentError, UnsupportedCondError
 from .ops import clamp_index, cond_op, switch_op
 from .tracing import FlatBranch, branch_specs
@@ -117,12 +117,7 @@ def _cond_slow(pred, true_fn, false_fn, operands):
         if _readable_on_host(pred, "cond: argument 'pred'"):
             return true_fn(*operands) if pred else false_fn(*operands)
     pred = _normalize_pred(pred)
-    return _call_operator(
-        cond_op,
-        lambda b: (pred, b[0], b[1]),
-        [(true_fn, "true_fn"), (false_fn, "false_fn")],
-        operands,
-    )
+    return _call_operator(cond_op, pred, [(true_fn, "true_fn"), (false_fn, "false_fn")], operands)
 
 
 def _switch_slow(index, branches, operands):
@@ -145,19 +140,15 @@ def _switch_slow(index, branches, operands):
         if _readable_on_host(index, "switch: argument 'index'"):
             return branches[clamp_index(int(index), n)](*operands)
     index = _normalize_index(index, n)
-    return _call_operator(
-        switch_op,
-        lambda b: (index, *b),
-        [(fn, f"branches[{i}]") for i, fn in enumerate(branches)],
-        operands,
-    )
+    labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
+    return _call_operator(switch_op, index, labelled, operands)
 
 
-def _call_operator(op, head, labelled_branches, operands):
+def _call_operator(op, selector, labelled_branches, operands):
+    """``op(selector, *branches, operands)`` on flat operands; the user's pytree rebuilt."""
     flat_operands, in_spec = pytree.tree_flatten(operands)
-    in_spec = pytree.tree_structure(tuple(pytree.tree_unflatten(flat_operands, in_spec)))
     flat_branches = [FlatBranch(fn, in_spec, label) for fn, label in labelled_branches]
-    flat_out = op(*head(flat_branches), tuple(flat_operands))
+    flat_out = op(selector, *flat_branches, tuple(flat_operands))
     spec = next(s for s in branch_specs(flat_branches) if s is not None)
     return pytree.tree_unflatten(list(flat_out), spec)
 

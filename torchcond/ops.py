@@ -1,8 +1,9 @@
 """The operators ``torchcond_cond`` and ``torchcond_switch`` and their dispatch rules.
 
-Both are one conditional over N branches; they differ only in how a call packs the
-selector and branches (see ``_Form``). Each dispatch key has one rule below, written
-once for N branches and installed on both operators.
+Both are one conditional over N branches, called as ``op(selector, *branches,
+operands)``; they differ in how the selector picks a branch and how graphs are named
+(see ``_Form``). Each dispatch key has one rule below, written once for N branches and
+installed on both operators.
 
 Operator contract (what the rules receive): ``operands`` is a flat tuple of tensors
 (and SymInts once closures are lifted); every branch takes ``*operands`` and returns a
@@ -14,11 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import _compat
-from ._compat import DispatchKey
-from ._compat import dynamo as _compat_dynamo, FakeTensorMode, ProxyTorchDispatchMode
+from ._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode, pytree
+from ._compat import dynamo as _compat_dynamo
 from .errors import CondArgumentError, UnsupportedCondError
 from .merge import merge_branch_outputs
 from .subgraph import output_values
@@ -54,12 +54,10 @@ switch_op = SwitchOp()
 
 
 class _Form:
-    """How one operator's call carries (selector, branches, operands)."""
+    """What differs between the operators: branch choice, labels, graph names."""
 
-    def __init__(self, op, unpack, pack, taken, labels, graph_names):
+    def __init__(self, op, taken, labels, graph_names):
         self.op = op
-        self.unpack: Callable[[tuple], tuple] = unpack
-        self.pack: Callable[[object, Sequence, tuple], tuple] = pack
         self.taken: Callable[[object, int], int] = taken
         self.labels: Callable[[int], list[str]] = labels
         self.graph_names: Callable[[torch.nn.Module, int], list[str]] = graph_names
@@ -95,21 +93,26 @@ def _switch_graph_names(root, n):
 _FORMS = {
     cond_op: _Form(
         cond_op,
-        unpack=lambda args: (args[0], args[1:3], args[3]),
-        pack=lambda pred, branches, operands: (pred, *branches, operands),
         taken=lambda pred, n: 0 if pred else 1,
         labels=lambda n: ["true_fn", "false_fn"],
         graph_names=_cond_graph_names,
     ),
     switch_op: _Form(
         switch_op,
-        unpack=lambda args: (args[0], args[1:-1], args[-1]),
-        pack=lambda index, branches, operands: (index, *branches, operands),
         taken=lambda index, n: clamp_index(int(index), n),
         labels=lambda n: [f"branches[{i}]" for i in range(n)],
         graph_names=_switch_graph_names,
     ),
 }
+
+
+def _unpack(args: tuple) -> tuple:
+    """``(selector, *branches, operands)`` -> ``(selector, branches, operands)``."""
+    return args[0], args[1:-1], args[-1]
+
+
+def _pack(selector, branches: Sequence, operands: tuple) -> tuple:
+    return (selector, *branches, operands)
 
 
 # --- one rule per dispatch key -----------------------------------------------------
@@ -159,8 +162,8 @@ class _TracedBackwardRefused(torch.autograd.Function):
 
 
 def _below_autograd(form: _Form, selector, branches, operands):
-    with torch._C._AutoDispatchBelowAutograd():
-        return form.op(*form.pack(selector, branches, operands))
+    with _compat.below_autograd():
+        return form.op(*_pack(selector, branches, operands))
 
 
 def _fake(form: _Form, mode: FakeTensorMode, selector, branches, operands):
@@ -180,7 +183,7 @@ def _proxy(form: _Form, mode: ProxyTorchDispatchMode, selector, branches, operan
         return ()
     for name, gm in zip(form.graph_names(tracer.root, len(graphs)), graphs):
         tracer.root.register_module(name, gm)
-    args = form.pack(selector, graphs, operands)
+    args = _pack(selector, graphs, operands)
     proxy_args = pytree.tree_map(tracer.unwrap_proxy, args)
     out_proxy = tracer.create_proxy("call_function", form.op, proxy_args, {})
     out = _below_autograd(form, selector, graphs, operands)
@@ -196,7 +199,7 @@ def _functionalize(form: _Form, ctx, selector, branches, operands):
             SpecCarrier(ctx.functionalize(_compat.run_with_interpreter(b)), b)
             for b in branches
         ]
-        out = form.op(*form.pack(inner_selector, functional, inner_operands))
+        out = form.op(*_pack(inner_selector, functional, inner_operands))
     return ctx.wrap_tensors(out)
 
 
@@ -269,33 +272,33 @@ def _is_concrete(selector) -> bool:
 
 
 def _install(form: _Form) -> None:
-    op, unpack = form.op, form.unpack
+    op = form.op
 
     @op.py_impl(DispatchKey.CompositeExplicitAutograd)
     def dense(*args):
-        return _dense(form, *unpack(args))
+        return _dense(form, *_unpack(args))
 
     @op.py_autograd_impl
     def autograd(*args):
-        return _autograd(form, *unpack(args))
+        return _autograd(form, *_unpack(args))
 
     @op.py_impl(FakeTensorMode)
     def fake(mode, *args):
-        return _fake(form, mode, *unpack(args))
+        return _fake(form, mode, *_unpack(args))
 
     @op.py_impl(ProxyTorchDispatchMode)
     def proxy(mode, *args):
-        return _proxy(form, mode, *unpack(args))
+        return _proxy(form, mode, *_unpack(args))
 
     @op.py_functionalize_impl
     def functionalize(ctx, *args):
-        return _functionalize(form, ctx, *unpack(args))
+        return _functionalize(form, ctx, *_unpack(args))
 
     for transform in _compat.FUNCTORCH_TRANSFORMS:
 
         @op.py_impl(transform)
         def functorch(interpreter, *args):
-            return _functorch(form, interpreter, *unpack(args))
+            return _functorch(form, interpreter, *_unpack(args))
 
 
 for _form in _FORMS.values():

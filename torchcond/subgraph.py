@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import _compat
+from ._compat import pytree
 from .errors import BranchMutationError
 from .merge import same_layout
 
@@ -90,7 +90,7 @@ def _root_storages(gm) -> dict:
 def _written_values(node) -> list:
     """Fake values of the arguments ``node``'s schema marks as written (``a!``)."""
     target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(target, _compat.OpOverload):
         return []
     written = []
     for i, arg in enumerate(target._schema.arguments):

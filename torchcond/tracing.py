@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import _compat, subgraph
+from ._compat import pytree
 from .errors import BranchMismatchError
 
 

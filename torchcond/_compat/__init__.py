@@ -31,8 +31,9 @@ if TORCH_VERSION < MIN_TORCH:
 
 # --- operators and dispatch ------------------------------------------------------
 
+import torch.utils._pytree as pytree  # noqa: E402  (no public pytree module on 2.11/2.13)
 from torch._C import DispatchKey  # noqa: E402
-from torch._ops import HigherOrderOperator  # noqa: E402
+from torch._ops import HigherOrderOperator, OpOverload  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
 from torch.fx.experimental import proxy_tensor as _proxy_tensor  # noqa: E402
 from torch.fx.experimental.proxy_tensor import (  # noqa: E402
@@ -49,6 +50,9 @@ from torch._higher_order_ops.utils import (  # noqa: E402
 
 __all__ = [
     "DispatchKey",
+    "OpOverload",
+    "below_autograd",
+    "pytree",
     "FakeTensor",
     "FakeTensorMode",
     "HigherOrderOperator",
@@ -66,6 +70,11 @@ _PRE_DISPATCH = DispatchKey.PreDispatch
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_batched = torch._C._functorch.is_batchedtensor
 _functorch_unwrap = torch._C._functorch.get_unwrapped
+
+
+def below_autograd():
+    """Dispatch below the Autograd key (the operator's own autograd rule already ran)."""
+    return torch._C._AutoDispatchBelowAutograd()
 
 
 def tracing() -> bool:
