@@ -80,7 +80,7 @@ def _merge_sizes(leaves, labels, path, shape_env) -> tuple[list, bool]:
 def _merge_strides(leaves, sizes, sizes_agree: bool) -> list:
     """Shared strides when every branch has them, else contiguous ones.
 
-    When branches disagree, tracing (tracing.align_output_layouts) makes each branch
+    When branches disagree, tracing (subgraph.align_output_layouts) makes each branch
     return a contiguous tensor, so the promise holds at run time too.
     """
     first = leaves[0]

@@ -28,6 +28,16 @@ if TORCH_VERSION < MIN_TORCH:
         f"torchcond needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; "
         f"found torch {torch.__version__}"
     )
+if TORCH_VERSION > max(CHECKED_TORCH):
+    import warnings
+
+    warnings.warn(
+        f"torchcond was checked on torch {', '.join('%d.%d' % v for v in CHECKED_TORCH)}; "
+        f"found torch {torch.__version__}. The private torch APIs it uses (all in "
+        "torchcond/_compat) may have moved.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 # --- operators and dispatch ------------------------------------------------------
 
