@@ -86,7 +86,7 @@ def switch(
         and _all_callable(branches)
         and _plain_operands(operands)
         and not _tracing()
-        and _is_integer_dtype(index.dtype)
+        and index.dtype in _INTEGER_DTYPES
     ):
         try:
             i = index.__index__()
@@ -232,8 +232,14 @@ def _check_pred_tensor(pred: torch.Tensor) -> None:
         )
 
 
+_INTEGER_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+)
+
+
 def _is_integer_dtype(dtype: torch.dtype) -> bool:
-    return not (dtype.is_floating_point or dtype.is_complex or dtype is torch.bool)
+    return dtype in _INTEGER_DTYPES
 
 
 def _check_index_tensor(index: torch.Tensor) -> None:
