@@ -230,3 +230,27 @@ def test_torch_func_over_an_exported_program():
     xs = torch.randn(4, 3)
     with pytest.raises(UnsupportedCondError, match="torch.func vmap over this conditional"):
         torch.vmap(loaded)(xs)
+
+
+@STRICTNESS
+def test_branch_placeholders_take_the_programs_input_names(strict):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            def t(x):
+                return cond(x.mean() > 0, lambda y: self.lin(y), lambda y: y, (x,))
+
+            return cond(x.sum() > 0, t, lambda x: x.sin(), (x,))
+
+    ep = export(M(), (torch.randn(4, 3),), strict=strict)
+    names = lambda gm: [n.name for n in gm.graph.find_nodes(op="placeholder")]  # noqa: E731
+    top = ep.graph_module
+    expected = {"x", "p_lin_weight", "p_lin_bias"}  # strict export orders lifted inputs by name
+    assert names(top.true_graph_0) == names(top.false_graph_0)
+    assert set(names(top.true_graph_0)) == set(names(top.true_graph_0.true_graph_0)) == expected
+    m, loaded = ep.module(), round_trip(ep).module()
+    for x in (torch.ones(4, 3), -torch.ones(4, 3), torch.tensor([[1.0, -3, 1]] * 4)):
+        torch.testing.assert_close(loaded(x), m(x))

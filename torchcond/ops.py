@@ -19,6 +19,7 @@ import torch
 from . import _compat
 from ._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode, pytree
 from ._compat import dynamo as _compat_dynamo
+from ._compat import export as _compat_export
 from .errors import CondArgumentError, UnsupportedCondError
 from .merge import merge_branch_outputs
 from .subgraph import output_values
@@ -305,3 +306,4 @@ for _form in _FORMS.values():
     _install(_form)
 
 _compat_dynamo.install({form.op: form.taken for form in _FORMS.values()})
+_compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))

@@ -1,0 +1,68 @@
+"""torch.export hook: branch placeholders take the exported program's input names.
+
+After tracing, export renames the top-level placeholders (``p_lin_weight``, ``x``,
+...) and, in ``torch._export.utils._name_hoo_subgraph_placeholders``, propagates those
+names into the subgraphs of torch's own higher-order operators, chosen by name. We
+wrap that pass so our operators' branch graphs get the same treatment: a branch then
+reads ``x``, ``p_lin_weight`` instead of ``arg0_1``, ``arg0_2``.
+
+Checked on torch 2.11.0 and 2.13.0. If the pass moves, nothing is renamed (the
+graphs stay correct, only less readable).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+_PASS = "_name_hoo_subgraph_placeholders"
+# Modules that bound the pass by name when they were imported.
+_BINDERS = ("torch._export.utils", "torch.export.exported_program")
+
+
+def install(op_names: frozenset[str]) -> None:
+    import importlib
+
+    utils = importlib.import_module("torch._export.utils")
+    original = getattr(utils, _PASS, None)
+    helpers = (getattr(utils, "_build_cache", None), getattr(utils, "_rename_without_collisions", None))
+    if original is None or None in helpers or getattr(original, "_torchcond", False):
+        return
+
+    def name_subgraph_placeholders(gm: torch.fx.GraphModule) -> None:
+        original(gm)
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and getattr(node.target, "__name__", None) in op_names:
+                operands = node.args[-1]
+                for graph_node in node.args[1:-1]:
+                    subgraph = getattr(gm, graph_node.target)
+                    _take_operand_names(subgraph, operands, *helpers)
+                    name_subgraph_placeholders(subgraph)  # nested conditionals
+                    subgraph.recompile()
+
+    name_subgraph_placeholders._torchcond = True
+    for module_name in _BINDERS:
+        module = importlib.import_module(module_name)
+        if getattr(module, _PASS, None) is original:
+            setattr(module, _PASS, name_subgraph_placeholders)
+
+
+def _take_operand_names(subgraph, operands, build_cache, rename_without_collisions) -> None:
+    """Placeholder i takes operand i's name; other nodes are renamed around them."""
+    name_map: dict[str, str] = {}
+    find_available: dict[str, int] = defaultdict(int)
+    used_names: set[str] = set()
+    placeholders = subgraph.graph.find_nodes(op="placeholder")
+    for node in subgraph.graph.nodes:
+        if node.op == "placeholder":
+            i = placeholders.index(node)
+            operand = operands[i] if i < len(operands) else None
+            if isinstance(operand, torch.fx.Node):
+                name_map[node.name] = operand.name
+                node.name = node.target = operand.name
+            build_cache(node.name, find_available, used_names)
+        else:
+            node.name = rename_without_collisions(
+                name_map, find_available, used_names, node.name, node.name
+            )
