@@ -16,7 +16,7 @@ import torch
 from . import _compat
 from ._compat import pytree
 from .errors import CondArgumentError, UnsupportedCondError
-from .ops import clamp_index, cond_op, switch_op
+from .ops import clamp_index, cond_op, is_concrete, switch_op
 from .tracing import FlatBranch, branch_specs
 
 _Tensor = torch.Tensor
@@ -165,15 +165,15 @@ def _readable_on_host(selector: torch.Tensor, what: str) -> bool:
 
     A selector batched by vmap has one value per example and cannot be read.
     """
-    if _tracing() or type(selector) is not _Tensor or selector.device.type == "meta":
-        return False
-    if _is_functorch_wrapped(selector) and _compat.is_vmapped(selector):
+    if is_concrete(selector):
+        return True
+    if not _tracing() and _is_functorch_wrapped(selector) and _compat.is_vmapped(selector):
         raise UnsupportedCondError(
             f"{what} is batched under torch.func.vmap (one value per example); that "
             "needs a device-side select and is not supported yet. Pass an unbatched "
             "value, or compute both sides and use torch.where"
         )
-    return True
+    return False
 
 
 def _warn_if_exporting(fn_name: str, arg: str, value, instead: str) -> None:

@@ -141,7 +141,7 @@ def _autograd(form: _Form, selector, branches, operands):
     """
     if not (torch.is_grad_enabled() and _any_requires_grad(operands)):
         return _below_autograd(form, selector, branches, operands)
-    if _is_concrete(selector):
+    if is_concrete(selector):
         return branches[form.taken(selector, len(branches))](*operands)
     return _TracedBackwardRefused.apply(form, selector, branches, *operands)
 
@@ -210,7 +210,7 @@ def _functorch(form: _Form, interpreter, selector, branches, operands):
     The taken branch runs on the transform's wrapped tensors, so grad/jvp/vmap apply
     to it as they would to the same code written with `if`.
     """
-    if _is_concrete(selector):
+    if is_concrete(selector):
         return branches[form.taken(selector, len(branches))](*operands)
     transform = interpreter.key().name.lower()
     if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
@@ -255,7 +255,7 @@ def _any_requires_grad(operands) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in operands)
 
 
-def _is_concrete(selector) -> bool:
+def is_concrete(selector) -> bool:
     """Readable on the host right now: no tracing active, a real tensor or a number.
 
     Under a tracing mode the Autograd key runs before the mode's rule; reading the
