@@ -228,7 +228,7 @@ def test_torch_func_over_an_exported_program():
         _, t2 = torch.func.jvp(M(), (x,), (torch.ones(3),))
         torch.testing.assert_close(t1, t2)
     xs = torch.randn(4, 3)
-    with pytest.raises(UnsupportedCondError, match="torch.func vmap over this conditional"):
+    with pytest.raises(UnsupportedCondError, match="vmap over a conditional whose selector is batched"):
         torch.vmap(loaded)(xs)
 
 

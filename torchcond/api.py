@@ -16,7 +16,8 @@ import torch
 from . import _compat
 from ._compat import pytree
 from .errors import CondArgumentError, UnsupportedCondError
-from .ops import clamp_index, cond_op, is_concrete, switch_op
+from .forms import clamp_index, is_concrete
+from .ops import cond_op, switch_op
 from .tracing import FlatBranch, branch_specs
 
 _Tensor = torch.Tensor

@@ -2,7 +2,7 @@
 
 Both are one conditional over N branches, called as ``op(selector, *branches,
 operands)``; they differ in how the selector picks a branch and how graphs are named
-(see ``_Form``). Each dispatch key has one rule below, written once for N branches and
+(see ``forms.Form``). Each dispatch key has one rule below, written once for N branches and
 installed on both operators.
 
 Operator contract (what the rules receive): ``operands`` is a flat tuple of tensors
@@ -12,18 +12,19 @@ flat tuple of tensors. ``api.py`` builds that from the user's pytrees.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import torch
 
 from . import _compat
 from ._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode, pytree
 from ._compat import dynamo as _compat_dynamo
 from ._compat import export as _compat_export
-from .errors import CondArgumentError, UnsupportedCondError
+from .autograd import autograd_rule, functorch_rule
+from .batching import vmap_rule
+from .errors import CondArgumentError
+from .forms import Form, clamp_index, is_concrete, pack, unpack
 from .merge import merge_branch_outputs
 from .subgraph import output_values
-from .tracing import branch_specs, check_same_structure, leaf_paths, trace_branches
+from .tracing import SpecCarrier, branch_specs, check_same_structure, leaf_paths, trace_branches
 
 
 class CondOp(_compat.HigherOrderOperator):
@@ -54,20 +55,6 @@ cond_op = CondOp()
 switch_op = SwitchOp()
 
 
-class _Form:
-    """What differs between the operators: branch choice, labels, graph names."""
-
-    def __init__(self, op, taken, labels, graph_names):
-        self.op = op
-        self.taken: Callable[[object, int], int] = taken
-        self.labels: Callable[[int], list[str]] = labels
-        self.graph_names: Callable[[torch.nn.Module, int], list[str]] = graph_names
-
-
-def clamp_index(index: int, n: int) -> int:
-    return min(max(index, 0), n - 1)
-
-
 def _free_name(root: torch.nn.Module, prefix: str, start: int = 0) -> int:
     i = start
     while hasattr(root, f"{prefix}_{i}"):
@@ -92,13 +79,13 @@ def _switch_graph_names(root, n):
 
 
 _FORMS = {
-    cond_op: _Form(
+    cond_op: Form(
         cond_op,
         taken=lambda pred, n: 0 if pred else 1,
         labels=lambda n: ["true_fn", "false_fn"],
         graph_names=_cond_graph_names,
     ),
-    switch_op: _Form(
+    switch_op: Form(
         switch_op,
         taken=lambda index, n: clamp_index(int(index), n),
         labels=lambda n: [f"branches[{i}]" for i in range(n)],
@@ -107,19 +94,10 @@ _FORMS = {
 }
 
 
-def _unpack(args: tuple) -> tuple:
-    """``(selector, *branches, operands)`` -> ``(selector, branches, operands)``."""
-    return args[0], args[1:-1], args[-1]
-
-
-def _pack(selector, branches: Sequence, operands: tuple) -> tuple:
-    return (selector, *branches, operands)
-
-
 # --- one rule per dispatch key -----------------------------------------------------
 
 
-def _dense(form: _Form, selector, branches, operands):
+def _dense(form: Form, selector, branches, operands):
     """Real tensors: run the taken branch. Meta predicates cannot be read: merge all."""
     if isinstance(selector, torch.Tensor) and selector.device.type == "meta":
         real = [t.device for t in operands if isinstance(t, torch.Tensor) and t.device.type != "meta"]
@@ -130,50 +108,20 @@ def _dense(form: _Form, selector, branches, operands):
                 "selector on their device, or make every operand a meta tensor"
             )
         return _all_branches_merged(form, branches, operands, shape_env=None)
-    return branches[form.taken(selector, len(branches))](*operands)
+    return form.taken_branch(selector, branches)(*operands)
 
 
-def _autograd(form: _Form, selector, branches, operands):
-    """Concrete predicate: the taken branch under ordinary autograd (any order).
-
-    A symbolic or fake predicate (tracing, compile) gets outputs that trace fine
-    forward; their backward refuses until the backward-as-a-cond lands.
-    """
-    if not (torch.is_grad_enabled() and _any_requires_grad(operands)):
-        return _below_autograd(form, selector, branches, operands)
-    if is_concrete(selector):
-        return branches[form.taken(selector, len(branches))](*operands)
-    return _TracedBackwardRefused.apply(form, selector, branches, *operands)
+def _below_autograd(form: Form, selector, branches, operands):
+    return form.call_below_autograd(selector, branches, operands)
 
 
-class _TracedBackwardRefused(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, form, selector, branches, *operands):
-        ctx.op_name = form.op.name()
-        ctx.selector_type = type(selector).__name__
-        return _below_autograd(form, selector, branches, operands)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise UnsupportedCondError(
-            f"{ctx.op_name}: backward through a conditional whose selector is symbolic "
-            f"or fake ({ctx.selector_type}) is not supported yet; differentiate in eager "
-            "mode (a Python `if` there), or run the traced program under torch.no_grad()"
-        )
-
-
-def _below_autograd(form: _Form, selector, branches, operands):
-    with _compat.below_autograd():
-        return form.op(*_pack(selector, branches, operands))
-
-
-def _fake(form: _Form, mode: FakeTensorMode, selector, branches, operands):
+def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
     """The selector is unknown: run every branch on fake tensors and merge."""
     with mode, _compat.ignore_fresh_unbacked(mode):
         return _all_branches_merged(form, branches, operands, mode.shape_env)
 
 
-def _proxy(form: _Form, mode: ProxyTorchDispatchMode, selector, branches, operands):
+def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operands):
     """One graph node whose branches are closure-free registered subgraphs."""
     tracer = mode.tracer
     labels = form.labels(len(branches))
@@ -184,14 +132,14 @@ def _proxy(form: _Form, mode: ProxyTorchDispatchMode, selector, branches, operan
         return ()
     for name, gm in zip(form.graph_names(tracer.root, len(graphs)), graphs):
         tracer.root.register_module(name, gm)
-    args = _pack(selector, graphs, operands)
+    args = pack(selector, graphs, operands)
     proxy_args = pytree.tree_map(tracer.unwrap_proxy, args)
     out_proxy = tracer.create_proxy("call_function", form.op, proxy_args, {})
     out = _below_autograd(form, selector, graphs, operands)
     return _compat.track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
 
 
-def _functionalize(form: _Form, ctx, selector, branches, operands):
+def _functionalize(form: Form, ctx, selector, branches, operands):
     """Branches run functionalized; a write to an input shows up as a copy_ and is refused."""
     inner_operands = ctx.unwrap_tensors(operands)
     inner_selector = ctx.unwrap_tensors(selector) if isinstance(selector, torch.Tensor) else selector
@@ -200,46 +148,26 @@ def _functionalize(form: _Form, ctx, selector, branches, operands):
             SpecCarrier(ctx.functionalize(_compat.run_with_interpreter(b)), b)
             for b in branches
         ]
-        out = form.op(*_pack(inner_selector, functional, inner_operands))
+        out = form.op(*pack(inner_selector, functional, inner_operands))
     return ctx.wrap_tensors(out)
 
 
-def _functorch(form: _Form, interpreter, selector, branches, operands):
-    """torch.func transforms (e.g. over an exported program): a Python `if` when readable.
+def _functorch(form: Form, interpreter, selector, branches, operands):
+    """torch.func transforms: a Python `if` when the selector is readable.
 
     The taken branch runs on the transform's wrapped tensors, so grad/jvp/vmap apply
-    to it as they would to the same code written with `if`.
+    to it as they would to the same code written with `if`. Otherwise grad and jvp
+    differentiate the conditional into conditionals (autograd.py), and vmap maps
+    every branch (batching.py).
     """
     if is_concrete(selector):
-        return branches[form.taken(selector, len(branches))](*operands)
-    transform = interpreter.key().name.lower()
-    if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
-        why = "the selector is batched (one value per example), which needs a device-side select"
-    else:
-        why = f"the selector is symbolic or traced ({type(selector).__name__})"
-    raise UnsupportedCondError(
-        f"{form.op.name()}: torch.func {transform} over this conditional is not supported "
-        f"yet: {why}"
-    )
+        return form.taken_branch(selector, branches)(*operands)
+    if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
+        return functorch_rule(form, selector, branches, operands)
+    return vmap_rule(form, interpreter, selector, branches, operands)
 
 
 # --- helpers -------------------------------------------------------------------------
-
-
-class SpecCarrier:
-    """A wrapped branch that still reports the output structure its origin recorded."""
-
-    def __init__(self, fn, origin):
-        self.fn = fn
-        self.origin = origin
-        self.__name__ = getattr(origin, "__name__", "branch")
-
-    def __call__(self, *args):
-        return self.fn(*args)
-
-    @property
-    def out_spec(self):
-        return branch_specs([self.origin])[0]
 
 
 def _all_branches_merged(form, branches, operands, shape_env):
@@ -251,55 +179,36 @@ def _all_branches_merged(form, branches, operands, shape_env):
     return merge_branch_outputs(outs, labels, paths, shape_env)
 
 
-def _any_requires_grad(operands) -> bool:
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in operands)
-
-
-def is_concrete(selector) -> bool:
-    """Readable on the host right now: no tracing active, a real tensor or a number.
-
-    Under a tracing mode the Autograd key runs before the mode's rule; reading the
-    selector there would inline one branch into the trace, so it never counts.
-    """
-    if _compat.tracing():
-        return False
-    if isinstance(selector, torch.Tensor):
-        if _compat.is_functorch_wrapped(selector):
-            if _compat.is_vmapped(selector):
-                return False
-            selector = _compat.functorch_base(selector)
-        return type(selector) is torch.Tensor and selector.device.type != "meta"
-    return isinstance(selector, (bool, int))
-
-
-def _install(form: _Form) -> None:
+def _install(form: Form) -> None:
     op = form.op
 
     @op.py_impl(DispatchKey.CompositeExplicitAutograd)
     def dense(*args):
-        return _dense(form, *_unpack(args))
+        return _dense(form, *unpack(args))
 
-    @op.py_autograd_impl
+    @op.py_impl(DispatchKey.Autograd)
     def autograd(*args):
-        return _autograd(form, *_unpack(args))
+        # Not py_autograd_impl: that skips the rule when no operand requires grad,
+        # before closures (parameters a branch reads) have been made operands.
+        return autograd_rule(form, *unpack(args))
 
     @op.py_impl(FakeTensorMode)
     def fake(mode, *args):
-        return _fake(form, mode, *_unpack(args))
+        return _fake(form, mode, *unpack(args))
 
     @op.py_impl(ProxyTorchDispatchMode)
     def proxy(mode, *args):
-        return _proxy(form, mode, *_unpack(args))
+        return _proxy(form, mode, *unpack(args))
 
     @op.py_functionalize_impl
     def functionalize(ctx, *args):
-        return _functionalize(form, ctx, *_unpack(args))
+        return _functionalize(form, ctx, *unpack(args))
 
     for transform in _compat.FUNCTORCH_TRANSFORMS:
 
         @op.py_impl(transform)
         def functorch(interpreter, *args):
-            return _functorch(form, interpreter, *_unpack(args))
+            return _functorch(form, interpreter, *unpack(args))
 
 
 for _form in _FORMS.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -63,6 +64,22 @@ class FlatBranch:
         return tuple(flat)
 
 
+class SpecCarrier:
+    """A wrapped branch that still reports the output structure its origin recorded."""
+
+    def __init__(self, fn, origin):
+        self.fn = fn
+        self.origin = origin
+        self.__name__ = getattr(origin, "__name__", "branch")
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    @property
+    def out_spec(self):
+        return branch_specs([self.origin])[0]
+
+
 def check_tensor_leaves(flat: Sequence, spec: pytree.TreeSpec, what: str) -> None:
     for path, leaf in zip(leaf_paths(spec, len(flat)), flat):
         if not isinstance(leaf, torch.Tensor):
@@ -99,6 +116,10 @@ def check_same_structure(branches: Sequence[Callable], labels: Sequence[str]) ->
 # --- tracing ---------------------------------------------------------------------
 
 
+# graph -> the tracer it was traced for; weak both ways (a graph lives in its trace).
+_TRACED_FOR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _lift_key(value) -> int:
     return id(value.node) if isinstance(value, torch.SymInt) else id(value)
 
@@ -110,7 +131,11 @@ def trace_branches(
 
     Returns the graphs and the operands to call them with: the given operands, then
     every closed-over tensor or SymInt any branch used, deduplicated, in one order.
+    Graphs this function already returned for ``parent_tracer`` (the autograd rule
+    traces before the proxy rule does) come back as they are.
     """
+    if all(_TRACED_FOR.get(b) is parent_tracer for b in branches):
+        return list(branches), tuple(operands)
     traced = [_compat.trace_subgraph_lifting(b, operands, parent_tracer) for b in branches]
     check_same_structure(branches, labels)
 
@@ -128,6 +153,8 @@ def trace_branches(
         subgraph.copy_aliased_outputs(gm)
         graphs.append(gm)
     subgraph.align_output_layouts(graphs)
+    for gm in graphs:
+        _TRACED_FOR[gm] = parent_tracer
     return graphs, tuple(operands) + tuple(lifted.values())
 
 

@@ -108,6 +108,7 @@ FUNCTORCH_TRANSFORMS = (
     torch._C._functorch.TransformType.Jvp,
     torch._C._functorch.TransformType.Vmap,
 )
+DIFFERENTIATING_TRANSFORMS = FUNCTORCH_TRANSFORMS[:2]
 
 
 def functorch_base(t: torch.Tensor) -> torch.Tensor:
@@ -124,6 +125,32 @@ def is_vmapped(t: torch.Tensor) -> bool:
             return True
         t = _functorch_unwrap(t)
     return False
+
+
+def batched_at(t: torch.Tensor, level: int) -> bool:
+    """True when ``t`` carries a vmap batch dimension for ``level``."""
+    return _is_batched(t) and torch._C._functorch.maybe_get_level(t) == level
+
+
+def unbatch(value, level: int):
+    """``(value without level's batch dim, that dim or None)``."""
+    if isinstance(value, torch.Tensor) and batched_at(value, level):
+        return _functorch_unwrap(value), torch._C._functorch.maybe_get_bdim(value)
+    return value, None
+
+
+def batch(t: torch.Tensor, dim: int, level: int) -> torch.Tensor:
+    return torch._C._functorch._add_batch_dim(t, dim, level)
+
+
+def has_tangent(value) -> bool:
+    """True when ``value`` is a dual tensor of the active forward-AD level."""
+    import torch.autograd.forward_ad as fwAD
+
+    if fwAD._current_level < 0 or not isinstance(value, torch.Tensor):
+        return False
+    with disable_proxy_modes_tracing():  # a query, not part of the program
+        return fwAD.unpack_dual(value).tangent is not None
 
 
 def is_exporting() -> bool:
@@ -219,7 +246,10 @@ class _LiftingTracker:
         return key in self._base
 
     def __getitem__(self, key):
-        return self._base[key]
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
 
     def __setitem__(self, key, value):
         self._base[key] = value
@@ -299,11 +329,16 @@ _LIBRARY_DIRS = (
 
 
 def _user_frames(stack):
-    """The frames of user code: neither torch's nor torchcond's own."""
+    """The frames of user code: neither torch's, torchcond's nor fx-generated."""
     import traceback
 
     return traceback.StackSummary.from_list(
-        [f for f in stack if not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)]
+        [
+            f
+            for f in stack
+            if not f.filename.startswith("<eval_with_key>")  # fx's generated forward
+            and not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)
+        ]
     )
 
 
@@ -330,12 +365,13 @@ def _branch_stack_traces(fx_tracer):
 
 
 def trace_subgraph_lifting(
-    fn: Callable, args: tuple, parent_fx_tracer
+    fn: Callable, args: tuple, parent_fx_tracer, user_stack_traces: bool = True
 ) -> tuple[torch.fx.GraphModule, list]:
     """make_fx ``fn`` as a subgraph of the current trace, lifting closures.
 
     Returns the GraphModule and ``[(value, placeholder_node), ...]`` for every value
-    lifted, in first-use order. Nodes carry the user's stack trace.
+    lifted, in first-use order. With ``user_stack_traces`` nodes carry the user's
+    stack trace; without, they keep what the graph being re-run recorded.
     """
     parent = current_make_fx_tracer()
     sub = _new_sub_tracer(parent)
@@ -348,6 +384,93 @@ def trace_subgraph_lifting(
         fx_tracer.symnode_tracker = _LiftingTracker(
             fx_tracer.symnode_tracker, fx_tracer, parent_fx_tracer, lifted
         )
-        with _branch_stack_traces(fx_tracer):
+        traces = _branch_stack_traces(fx_tracer) if user_stack_traces else contextlib.nullcontext()
+        with traces:
             gm = sub._trace_inner(run_with_interpreter(fn), *args)
     return gm, lifted
+
+
+# --- derivative graphs -------------------------------------------------------------
+
+
+def active_fx_tracer():
+    """The fx tracer of the innermost active make_fx proxy mode, or None."""
+    mode = _proxy_tensor.get_proxy_mode()
+    return None if mode is None else mode.tracer
+
+
+def _fresh_leaf(value):
+    """A new leaf tensor with ``value``'s metadata, tracked by no tracer or autograd graph."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(
+        value.size(), value.stride(), dtype=value.dtype, device=value.device
+    )
+
+
+def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:
+    """Trace ``fn(*args)`` into a closure-free GraphModule, with autograd on.
+
+    Inputs are fresh leaf tensors shaped like ``args`` (so ``fn`` may make them
+    require grad and differentiate with respect to them). Inside a make_fx session
+    this is a subgraph of the current trace: same fake mode, same shape env, same
+    decompositions. Functionalization and the caller's modes are set aside while
+    tracing, as a HOP's branch tracing does.
+    """
+    from torch._dispatch.python import suspend_functionalization
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+    from torch._subclasses.functional_tensor import disable_functional_mode
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    make_fx_tracer = _proxy_tensor._CURRENT_MAKE_FX_TRACER
+    parent_fx_tracer = active_fx_tracer()
+    fake_mode = fake_mode_of(args)
+    with contextlib.ExitStack() as stack:
+        # Outer torch.func levels stay outside: the graph is a plain function.
+        stack.enter_context(temporarily_clear_interpreter_stack())
+        stack.enter_context(suspend_functionalization())
+        stack.enter_context(disable_functional_mode())
+        stack.enter_context(_disable_current_modes())
+        if fake_mode is not None:
+            stack.enter_context(fake_mode)
+        with disable_proxy_modes_tracing():
+            leaves = tuple(_fresh_leaf(a) for a in args)
+        stack.enter_context(torch.enable_grad())
+        if make_fx_tracer is not None and parent_fx_tracer is not None:
+            gm, lifted = trace_subgraph_lifting(
+                fn, leaves, parent_fx_tracer, user_stack_traces=False
+            )
+            if lifted:
+                raise AssertionError(f"derivative graph closed over {len(lifted)} values: {lifted}")
+        else:
+            gm = _proxy_tensor.make_fx(run_with_interpreter(fn))(*leaves)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def fake_mode_of(args):
+    """The fake mode of the current trace or of ``args``; None for real tensors."""
+    from torch._guards import detect_fake_mode
+
+    tracer = _proxy_tensor._CURRENT_MAKE_FX_TRACER
+    if tracer is not None and tracer.fake_tensor_mode is not None:
+        return tracer.fake_tensor_mode
+    return detect_fake_mode(args)
+
+
+def getattr_path(module: torch.nn.Module, target: str):
+    """``module.a.b`` for a get_attr node's dotted target."""
+    value = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def traced_node(t: torch.Tensor):
+    """The node the innermost make_fx tracer recorded for ``t``, or None."""
+    tracer = active_fx_tracer()
+    if tracer is None or not isinstance(t, torch.Tensor):
+        return None
+    slot = get_proxy_slot(t, tracer, None)
+    return None if slot is None else slot.proxy.node

@@ -1,0 +1,339 @@
+"""Differentiation of the conditional operators, to any order.
+
+A selector readable on the host makes the conditional a Python ``if``: the taken
+branch runs under ordinary autograd, so gradients, double backward and every
+torch.func transform behave exactly as they do for that ``if``.
+
+Otherwise (tracing, fake or meta selectors) the derivative of a conditional is a
+conditional on the same selector:
+
+* reverse mode: ``op(selector, *vjp_graphs, used_primals + cotangents)``, where
+  each ``vjp_graph`` is a branch's vector-Jacobian product;
+* forward mode: ``op(selector, *jvp_graphs, primals + tangents)``.
+
+Those graphs are closure-free and call the operator again, so they differentiate
+the same way: a second derivative is a conditional of conditionals. They are traced
+once per forward graph and input signature (``_cache``). A vjp graph recomputes the
+branch from its inputs, so the only values kept for the backward are the primals
+that some branch's vjp reads (the others are pruned before the node is built).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+
+import torch
+
+from . import _compat
+from .batching import refuse_batched_selector, vmapped_branches
+from .forms import Form, is_concrete
+from .tracing import trace_branches
+
+# --- the Autograd-key rule -----------------------------------------------------------
+
+
+def autograd_rule(form: Form, selector, branches, operands):
+    if not torch.is_grad_enabled():
+        return form.call_below_autograd(selector, branches, operands)
+    if is_concrete(selector):
+        return form.taken_branch(selector, branches)(*operands)
+    branches, operands = _lift_closures(form, branches, tuple(operands))
+    if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
+        return form.call_below_autograd(selector, branches, operands)
+    return Conditional.apply(form, selector, tuple(branches), *operands)
+
+
+def functorch_rule(form: Form, selector, branches, operands):
+    """torch.func grad/vjp/jvp over a conditional whose selector is not readable.
+
+    ``Conditional`` is a functorch-aware autograd.Function (``setup_context`` form),
+    so applying it under the transform differentiates it with the rules below.
+    """
+    return Conditional.apply(form, selector, tuple(branches), *operands)
+
+
+def _lift_closures(form: Form, branches, operands: tuple):
+    """Make every value a branch reads an explicit operand, so autograd sees it.
+
+    A branch that closes over a parameter needs the parameter's gradient, but the
+    Autograd key sees only the operands. Inside a make_fx session the branches are
+    traced now, with closures lifted (as the proxy rule would), and the graphs are
+    handed on; the proxy rule then records them without tracing again.
+    """
+    tracer = _compat.active_fx_tracer()
+    if tracer is None or all(closure_free(b) for b in branches):
+        return branches, operands
+    with _compat.below_autograd():
+        graphs, operands = trace_branches(tracer, branches, operands, form.labels(len(branches)))
+    return graphs, operands
+
+
+def closure_free(branch) -> bool:
+    """A GraphModule that reads nothing but its placeholders (and nested branch graphs)."""
+    if not isinstance(branch, torch.fx.GraphModule):
+        return False
+    for node in branch.graph.find_nodes(op="get_attr"):
+        if not isinstance(_compat.getattr_path(branch, node.target), torch.fx.GraphModule):
+            return False
+    return True
+
+
+def _requires_grad(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.dtype.is_floating_point or t.dtype.is_complex
+
+
+# --- the derivative of a conditional is a conditional ---------------------------------
+
+
+class Conditional(torch.autograd.Function):
+    """``op(selector, *branches, operands)`` with derivatives that are conditionals."""
+
+    @staticmethod
+    def forward(form, selector, branches, *operands):
+        return tuple(form.call_below_autograd(selector, branches, operands))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        form, selector, branches, *operands = inputs
+        ctx.form, ctx.branches, ctx.n_operands = form, branches, len(operands)
+        ctx.set_materialize_grads(False)
+        ctx.differentiable = [_differentiable(t) for t in output]
+        ctx.mark_non_differentiable(*[t for t in output if not _differentiable(t)])
+        values = (selector, *operands)
+        ctx.tensor_at = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+        ctx.others = [v for v in values if not isinstance(v, torch.Tensor)]
+        tensors = [values[i] for i in ctx.tensor_at]
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        selector, primals = _saved(ctx)
+        need = [i for i in range(ctx.n_operands) if ctx.needs_input_grad[3 + i]]
+        present = [
+            j for j, g in enumerate(cotangents) if g is not None and ctx.differentiable[j]
+        ]
+        grads: list = [None] * ctx.n_operands
+        if need and present:
+            given = [cotangents[j] for j in present]
+            graphs, used = vjp_graphs(ctx.form, ctx.branches, primals, need, present, given)
+            args = (*primals, *given)
+            out = ctx.form.op(selector, *graphs, tuple(args[k] for k in used))
+            for i, g in zip(need, out):
+                grads[i] = g
+        return (None, None, None, *grads)
+
+    @staticmethod
+    def vmap(info, in_dims, form, selector, branches, *operands):
+        # torch.func's jacrev/hessian vmap the backward over basis cotangents.
+        if in_dims[1] is not None:
+            refuse_batched_selector(form)
+        mapped = vmapped_branches(branches, in_dims[3:], info.randomness)
+        out = tuple(form.op(selector, *mapped, tuple(operands)))
+        return out, (0,) * len(out)
+
+    @staticmethod
+    def jvp(ctx, _form_t, _selector_t, _branches_t, *tangents):
+        selector, primals = _saved(ctx)
+        have = [i for i, t in enumerate(tangents) if t is not None]
+        if not have:
+            return tuple(None for _ in ctx.differentiable)
+        given = [tangents[i] for i in have]
+        graphs = jvp_graphs(ctx.form, ctx.branches, primals, have, given)
+        out = ctx.form.op(selector, *graphs, (*primals, *given))
+        return tuple(t if d else None for t, d in zip(out, ctx.differentiable))
+
+
+def _saved(ctx):
+    values: list = [None] * (1 + ctx.n_operands)
+    saved = iter(ctx.saved_tensors)
+    others = iter(ctx.others)
+    tensor_at = set(ctx.tensor_at)
+    for i in range(len(values)):
+        values[i] = next(saved) if i in tensor_at else next(others)
+    return values[0], tuple(values[1:])
+
+
+# --- derivative graphs -------------------------------------------------------------
+
+
+def vjp_graphs(form, branches, primals, need, present, cotangents):
+    """One vjp graph per branch, all taking the same pruned inputs.
+
+    Each graph maps ``(*primals, *cotangents)`` (restricted to ``used``) to the
+    gradients of the primals in ``need``; an input a branch does not use gets zeros,
+    as every branch must return the same structure.
+    """
+    args = (*primals, *cotangents)
+    key = ("vjp", tuple(need), tuple(present), _signature(args))
+
+    def build():
+        graphs = [
+            _derivative_graph(_vjp_of(b, len(primals), need, present), args) for b in branches
+        ]
+        return graphs, _prune_unused_inputs(graphs)
+
+    return _cache(branches, key, build)
+
+
+def jvp_graphs(form, branches, primals, have, tangents):
+    """One jvp graph per branch: ``(*primals, *tangents) -> output tangents``."""
+    args = (*primals, *tangents)
+    key = ("jvp", tuple(have), _signature(args))
+
+    def build():
+        return [_derivative_graph(_jvp_of(b, len(primals), have), args) for b in branches]
+
+    return _cache(branches, key, build)
+
+
+def _vjp_of(branch: Callable, n: int, need: Sequence[int], present: Sequence[int]):
+    def vjp(*args):
+        primals, cotangents = list(args[:n]), args[n:]
+        for i in need:
+            primals[i].requires_grad_(True)
+        outputs = _run_marking_stop_gradients(branch, primals)
+        pairs = [
+            (outputs[j], g)
+            for j, g in zip(present, cotangents)
+            if outputs[j].requires_grad
+        ]
+        wrt = [primals[i] for i in need]
+        if pairs:
+            grads = torch.autograd.grad(
+                [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True
+            )
+        else:
+            grads = (None,) * len(wrt)
+        return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(wrt, grads))
+
+    return vjp
+
+
+def _jvp_of(branch: Callable, n: int, have: Sequence[int]):
+    """Forward mode through reverse mode (the "double vjp"): ``J t = d/du <J^T u, t>``.
+
+    Tracing forward-mode AD itself would nest inside a caller's forward-AD level,
+    which autograd does not support; two reverse passes need no level at all.
+    """
+
+    def jvp(*args):
+        primals, tangents = list(args[:n]), args[n:]
+        for i in have:
+            primals[i].requires_grad_(True)
+        outputs = _run_marking_stop_gradients(branch, primals)
+        varied = [j for j, o in enumerate(outputs) if o.requires_grad]
+        result = [torch.zeros_like(o) for o in outputs]
+        if not varied:
+            return tuple(result)
+        dummies = [torch.zeros_like(outputs[j], requires_grad=True) for j in varied]
+        vjps = torch.autograd.grad(
+            [outputs[j] for j in varied],
+            [primals[i] for i in have],
+            dummies,
+            allow_unused=True,
+            create_graph=True,
+        )
+        pairs = [(g, t) for g, t in zip(vjps, tangents) if g is not None and g.requires_grad]
+        if pairs:
+            jt = torch.autograd.grad(
+                [g for g, _ in pairs], dummies, [t for _, t in pairs], allow_unused=True
+            )
+            for j, value in zip(varied, jt):
+                if value is not None:
+                    result[j] = value
+        return tuple(result)
+
+    return jvp
+
+
+def _derivative_graph(fn, args) -> torch.fx.GraphModule:
+    gm = _compat.materialize_graph(fn, args)
+    _drop_autograd_detaches(gm)
+    return gm
+
+
+# A branch's own ``detach`` is a stop-gradient and stays. Autograd adds ``detach``
+# nodes of its own when it saves and unpacks outputs for backward (make_fx sees the
+# shallow copies); left in, they would cut the derivative graph off from its inputs
+# and every higher derivative through them would be zero.
+_STOP_GRADIENT = "torchcond_stop_gradient"
+_DETACH = torch.ops.aten.detach.default
+
+
+class _StopGradientMarker(torch.fx.Interpreter):
+    def run_node(self, n):
+        out = super().run_node(n)
+        if n.op == "call_function" and n.target is _DETACH:
+            node = _compat.traced_node(out)
+            if node is not None:
+                node.meta[_STOP_GRADIENT] = True
+        return out
+
+
+def _run_marking_stop_gradients(branch, args):
+    if isinstance(branch, torch.fx.GraphModule):
+        return tuple(_StopGradientMarker(branch).run(*args))
+    return tuple(branch(*args))
+
+
+def _drop_autograd_detaches(gm: torch.fx.GraphModule) -> None:
+    for node in list(gm.graph.find_nodes(op="call_function", target=_DETACH)):
+        if not node.meta.get(_STOP_GRADIENT):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _prune_unused_inputs(graphs: Sequence[torch.fx.GraphModule]) -> list[int]:
+    """Drop inputs no graph reads; returns the kept input positions."""
+    placeholders = [gm.graph.find_nodes(op="placeholder") for gm in graphs]
+    used = sorted({k for phs in placeholders for k, ph in enumerate(phs) if ph.users})
+    for gm, phs in zip(graphs, placeholders):
+        for k, ph in enumerate(phs):
+            if k not in used:
+                gm.graph.erase_node(ph)
+        gm.graph.lint()
+        gm.recompile()
+    return used
+
+
+def _signature(args) -> tuple:
+    """What a traced derivative graph depends on: metadata, not values."""
+
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return (a.dtype, a.device, tuple(map(str, a.shape)), tuple(map(str, a.stride())))
+        return type(a).__name__
+
+    return (id(_compat.fake_mode_of(args)), *map(one, args))
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cache(branches, key, build):
+    """Derivative graphs of closure-free forward graphs are built once per key.
+
+    Keyed weakly on the first branch graph; the entry holds the others, so their
+    ids in the key stay theirs for the entry's lifetime.
+    """
+    if not all(closure_free(b) for b in branches):
+        return build()
+    per_graph = _CACHE.setdefault(branches[0], {})
+    full_key = (key, tuple(id(b) for b in branches[1:]))
+    hit = per_graph.get(full_key)
+    if hit is None:
+        hit = per_graph[full_key] = (build(), tuple(branches[1:]))
+    return hit[0]
+
+
+def cache_size() -> int:
+    """How many derivative conditionals are cached (for tests and diagnostics)."""
+    return sum(len(v) for v in _CACHE.values())

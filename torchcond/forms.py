@@ -1,0 +1,63 @@
+"""What every dispatch rule shares: the two operators' forms and the selector.
+
+Both operators are one conditional over N branches, called as
+``op(selector, *branches, operands)``. A ``Form`` holds what differs between them:
+how the selector picks a branch, how branches are labelled in messages, and how
+their graphs are named in a traced module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from . import _compat
+
+
+class Form:
+    """What differs between the operators: branch choice, labels, graph names."""
+
+    def __init__(self, op, taken, labels, graph_names):
+        self.op = op
+        self.taken: Callable[[object, int], int] = taken
+        self.labels: Callable[[int], list[str]] = labels
+        self.graph_names: Callable[[torch.nn.Module, int], list[str]] = graph_names
+
+    def taken_branch(self, selector, branches: Sequence[Callable]) -> Callable:
+        return branches[self.taken(selector, len(branches))]
+
+    def call_below_autograd(self, selector, branches, operands):
+        """The operator again, past the Autograd key (its autograd rule already ran)."""
+        with _compat.below_autograd():
+            return self.op(*pack(selector, branches, operands))
+
+
+def clamp_index(index: int, n: int) -> int:
+    return min(max(index, 0), n - 1)
+
+
+def unpack(args: tuple) -> tuple:
+    """``(selector, *branches, operands)`` -> ``(selector, branches, operands)``."""
+    return args[0], args[1:-1], args[-1]
+
+
+def pack(selector, branches: Sequence, operands: tuple) -> tuple:
+    return (selector, *branches, operands)
+
+
+def is_concrete(selector) -> bool:
+    """Readable on the host right now: no tracing active, a real tensor or a number.
+
+    Under a tracing mode the Autograd key runs before the mode's rule; reading the
+    selector there would inline one branch into the trace, so it never counts.
+    """
+    if _compat.tracing():
+        return False
+    if isinstance(selector, torch.Tensor):
+        if _compat.is_functorch_wrapped(selector):
+            if _compat.is_vmapped(selector):
+                return False
+            selector = _compat.functorch_base(selector)
+        return type(selector) is torch.Tensor and selector.device.type != "meta"
+    return isinstance(selector, (bool, int))
