@@ -28,7 +28,7 @@ import torch
 from . import _compat
 from .batching import refuse_batched_selector, vmapped_branches
 from .forms import Form, is_concrete
-from .tracing import trace_branches
+from .tracing import SpecCarrier, trace_branches
 
 # --- the Autograd-key rule -----------------------------------------------------------
 
@@ -64,9 +64,30 @@ def _lift_closures(form: Form, branches, operands: tuple):
     tracer = _compat.active_fx_tracer()
     if tracer is None or all(closure_free(b) for b in branches):
         return branches, operands
-    with _compat.below_autograd():
-        graphs, operands = trace_branches(tracer, branches, operands, form.labels(len(branches)))
-    return graphs, operands
+    labels = form.labels(len(branches))
+    mode = _compat.functional_mode()
+    if mode is None:
+        with _compat.below_autograd():
+            return trace_branches(tracer, branches, operands, labels)
+    # Under functionalization the tracer knows the unwrapped tensors: trace the
+    # branches as the Functionalize rule would, then hand autograd the functional
+    # wrappers of what was lifted.
+    wrappers = _compat.FunctionalWrappers()
+    with _compat.below_autograd(), _compat.outside_functional_mode():
+        recorded = [SpecCarrier(_recording(b, wrappers), b) for b in branches]
+        functional = [SpecCarrier(_compat.functionalized(b, mode), b) for b in recorded]
+        inner = _compat.unwrap_functional(operands)
+        graphs, inner = trace_branches(tracer, functional, inner, labels)
+    lifted = tuple(wrappers.outer(v) for v in inner[len(operands) :])
+    return graphs, operands + lifted
+
+
+def _recording(branch, mode):
+    def run(*args):
+        with mode:
+            return branch(*args)
+
+    return run
 
 
 def closure_free(branch) -> bool:

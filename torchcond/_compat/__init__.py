@@ -474,3 +474,55 @@ def traced_node(t: torch.Tensor):
         return None
     slot = get_proxy_slot(t, tracer, None)
     return None if slot is None else slot.proxy.node
+
+
+# --- functionalization seen from the Autograd key ------------------------------------
+
+
+def functional_mode():
+    """The active FunctionalTensorMode (AOTAutograd, export's decompositions), or None."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)
+
+
+def outside_functional_mode():
+    from torch.utils._python_dispatch import _pop_mode_temporarily
+
+    return _pop_mode_temporarily(torch._C._TorchDispatchModeKey.FUNCTIONAL)
+
+
+def unwrap_functional(values):
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return pytree.tree_map_only(FunctionalTensor, FunctionalTensor.from_functional, values)
+
+
+def functionalized(fn: Callable, mode) -> Callable:
+    """``fn`` run under ``mode`` on functional wrappers of its (unwrapped) inputs."""
+    from torch._subclasses.functional_tensor import dispatch_functionalize
+
+    return dispatch_functionalize(fn, mode)
+
+
+class FunctionalWrappers(torch.overrides.TorchFunctionMode):
+    """Records every functional tensor passed to a torch function, by what it wraps.
+
+    The tracer knows unwrapped tensors; autograd knows their functional wrappers.
+    A closure lifted from a functionalized trace is mapped back with ``outer``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._by_inner: dict[int, tuple] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.functional_tensor import FunctionalTensor
+
+        for value in pytree.tree_leaves((args, kwargs)):
+            if isinstance(value, FunctionalTensor):
+                inner = torch._from_functional_tensor(value.elem)
+                self._by_inner[id(inner)] = (inner, value)
+        return func(*args, **(kwargs or {}))
+
+    def outer(self, value):
+        hit = self._by_inner.get(id(value))
+        return value if hit is None else hit[1]

@@ -1,0 +1,424 @@
+"""Differentiation of cond/switch: eager (a Python `if`), torch.func, and traced graphs."""
+
+import expecttest
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torchcond
+import torchcond.autograd
+from helpers import count_nodes, pinned_printout, readable
+from torchcond import UnsupportedCondError, cond, switch
+
+POS = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
+NEG = torch.tensor([-0.5, -1.0, 0.3], dtype=torch.float64)
+
+
+def leaf(t):
+    return t.clone().requires_grad_()
+
+
+def grads(outputs, inputs, **kw):
+    return torch.autograd.grad(outputs, inputs, allow_unused=True, **kw)
+
+
+def assert_grads_equal(got, want):
+    """Traced graphs return zeros where eager returns None (an input the branch did not use)."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, torch.zeros_like(g) if w is None else w)
+
+
+# --- pytree program used across the file -----------------------------------------------
+
+
+def pytree_cond(x, y):
+    """Pytree operands and outputs; each branch reads a different subset."""
+    return cond(
+        x.sum() > 0,
+        lambda ops: {"p": ops["x"].sin() * ops["y"][0], "q": [ops["x"] ** 3]},
+        lambda ops: {"p": ops["y"][0].exp(), "q": [ops["x"].cos()]},
+        ({"x": x, "y": [y]},),
+    )
+
+
+def pytree_if(x, y):
+    if x.sum() > 0:
+        return {"p": x.sin() * y, "q": [x**3]}
+    return {"p": y.exp(), "q": [x.cos()]}
+
+
+def flat_out(fn):
+    return lambda *a: tuple(torch.utils._pytree.tree_leaves(fn(*a)))
+
+
+# --- eager ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("x", [POS, NEG], ids=["true", "false"])
+def test_gradcheck_and_gradgradcheck_cond_pytrees(x):
+    y = torch.tensor([0.3, -0.7, 1.1], dtype=torch.float64)
+    f = flat_out(pytree_cond)
+    assert gradcheck(f, (leaf(x), leaf(y)))
+    assert gradgradcheck(f, (leaf(x), leaf(y)))
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 7])
+def test_gradcheck_and_gradgradcheck_switch(index):
+    branches = [
+        lambda a, b: (a.sin() * b, {"s": (a * b).sum()}),
+        lambda a, b: (a.exp(), {"s": b.tanh().sum()}),
+        lambda a, b: (a * a * b, {"s": a.sum()}),
+    ]
+
+    def f(a, b):
+        out, d = switch(torch.tensor(index), branches, (a, b))
+        return out, d["s"]
+
+    args = (leaf(POS), leaf(NEG))
+    assert gradcheck(f, args)
+    assert gradgradcheck(f, args)
+
+
+def test_mixed_requires_grad_and_one_tensor_passed_twice():
+    x, c = leaf(POS), POS.clone()
+
+    def f(x, c):
+        return cond(x.sum() > 0, lambda a, b, k: a * b + k, lambda a, b, k: a - b, (x, x, c))
+
+    (g,) = grads(f(x, c).sum(), x)
+    torch.testing.assert_close(g, 2 * POS)  # d(x*x)/dx: both uses reach x
+    assert f(x, c).grad_fn is not None and not c.requires_grad
+
+
+def test_gradients_reach_closed_over_parameters_and_not_the_other_branch():
+    lin_a, lin_b = torch.nn.Linear(3, 2).double(), torch.nn.Linear(3, 2).double()
+    x = leaf(POS)
+    out = cond(x.sum() > 0, lambda t: lin_a(t), lambda t: lin_b(t), (x,))
+    ga = grads(out.sum(), [x, *lin_a.parameters(), *lin_b.parameters()])
+    want = grads(lin_a(x).sum(), [x, *lin_a.parameters()])
+    for g, w in zip(ga[:3], want):
+        torch.testing.assert_close(g, w)
+    assert ga[3:] == (None, None)  # Python-`if` semantics: the untaken branch's params get None
+
+
+def test_unused_operand_gets_none_in_eager():
+    x, y = leaf(POS), leaf(NEG)
+    out = cond(x.sum() > 0, lambda a, b: a * 2, lambda a, b: b * 3, (x, y))
+    assert grads(out.sum(), [x, y])[1] is None
+
+
+TRANSFORMS = {
+    "grad": lambda f, x: torch.func.grad(lambda t: f(t).sum())(x),
+    "vjp": lambda f, x: torch.func.vjp(f, x)[1](torch.ones_like(x))[0],
+    "jvp": lambda f, x: torch.func.jvp(f, (x,), (torch.ones_like(x),))[1],
+    "jacrev": lambda f, x: torch.func.jacrev(f)(x),
+    "jacfwd": lambda f, x: torch.func.jacfwd(f)(x),
+    "hessian": lambda f, x: torch.func.hessian(lambda t: f(t).sum())(x),
+}
+
+
+def with_cond(x):
+    return cond(x.sum() > 0, lambda a: a.sin() * a**2, lambda a: a.exp() * a, (x,))
+
+
+def with_if(x):
+    return x.sin() * x**2 if x.sum() > 0 else x.exp() * x
+
+
+@pytest.mark.parametrize("transform", list(TRANSFORMS))
+@pytest.mark.parametrize("x", [POS, NEG], ids=["true", "false"])
+def test_torch_func_equals_python_if(transform, x):
+    apply = TRANSFORMS[transform]
+    torch.testing.assert_close(apply(with_cond, x), apply(with_if, x))
+
+
+def test_checkpoint_around_a_module_with_cond():
+    from torch.utils.checkpoint import checkpoint
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 3).double(), torch.nn.Linear(3, 3).double()
+
+        def forward(self, x):
+            return cond(x.sum() > 0, lambda t: self.a(t).tanh(), lambda t: self.b(t).relu(), (x,))
+
+    m = M()
+    for x in (POS, NEG):
+        x1, x2 = leaf(x), leaf(x)
+        g1 = grads(checkpoint(m, x1, use_reentrant=False).sum(), [x1, *m.parameters()])
+        g2 = grads(m(x2).sum(), [x2, *m.parameters()])
+        for a, b in zip(g1, g2):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b)
+
+
+# --- traced: the backward of a cond is a cond -----------------------------------------------
+
+
+def symbolic(fn, *args):
+    return make_fx(fn, tracing_mode="symbolic")(*args)
+
+
+def train_step(x, y):
+    out = cond(x.sum() > 0, lambda a, b: a.sin() * b, lambda a, b: a.cos() + b, (x, y))
+    return (out, *torch.autograd.grad(out.sum(), (x, y)))
+
+
+class TestTracedGraphs(expecttest.TestCase):
+    @pinned_printout
+    def test_forward_and_backward_graph_shows_the_backward_cond(self):
+        gm = symbolic(train_step, leaf(POS.float()), leaf(NEG.float()))
+        self.assertExpectedInline(
+            readable(gm),
+            """\
+class train_step(torch.nn.Module):
+    def forward(self, x_1: "f32[s75]", y_1: "f32[s75]"):
+        sum_1: "f32[]" = torch.ops.aten.sum.default(x_1)
+        gt: "b8[]" = torch.ops.aten.gt.Scalar(sum_1, 0);  sum_1 = None
+        true_graph_0 = self.true_graph_0
+        false_graph_0 = self.false_graph_0
+        torchcond_cond = torch.ops.higher_order.torchcond_cond(gt, true_graph_0, false_graph_0, (x_1, y_1));  true_graph_0 = false_graph_0 = None
+        getitem: "f32[s75]" = torchcond_cond[0];  torchcond_cond = None
+        sum_2: "f32[]" = torch.ops.aten.sum.default(getitem)
+        ones_like: "f32[]" = torch.ops.aten.ones_like.default(sum_2, pin_memory = False, memory_format = torch.preserve_format);  sum_2 = None
+        sym_size_int: "Sym(s75)" = torch.ops.aten.sym_size.int(x_1, 0)
+        expand: "f32[s75]" = torch.ops.aten.expand.default(ones_like, [sym_size_int]);  ones_like = sym_size_int = None
+        true_graph_1 = self.true_graph_1
+        false_graph_1 = self.false_graph_1
+        torchcond_cond_1 = torch.ops.higher_order.torchcond_cond(gt, true_graph_1, false_graph_1, (x_1, y_1, expand));  gt = true_graph_1 = false_graph_1 = x_1 = y_1 = expand = None
+        getitem_1: "f32[s75]" = torchcond_cond_1[0]
+        getitem_2: "f32[s75]" = torchcond_cond_1[1];  torchcond_cond_1 = None
+        return (getitem, getitem_1, getitem_2)
+    class true_graph_0(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s75]", arg1_1: "f32[s75]"):
+            sin: "f32[s75]" = torch.ops.aten.sin.default(arg0_1);  arg0_1 = None
+            mul: "f32[s75]" = torch.ops.aten.mul.Tensor(sin, arg1_1);  sin = arg1_1 = None
+            return (mul,)
+    class false_graph_0(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s75]", arg1_1: "f32[s75]"):
+            cos: "f32[s75]" = torch.ops.aten.cos.default(arg0_1);  arg0_1 = None
+            add: "f32[s75]" = torch.ops.aten.add.Tensor(cos, arg1_1);  cos = arg1_1 = None
+            return (add,)
+    class true_graph_1(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s75]", arg1_1: "f32[s75]", arg2_1: "f32[s75]"):
+            sin: "f32[s75]" = torch.ops.aten.sin.default(arg0_1)
+            mul: "f32[s75]" = torch.ops.aten.mul.Tensor(arg2_1, sin);  sin = None
+            mul_1: "f32[s75]" = torch.ops.aten.mul.Tensor(arg2_1, arg1_1);  arg2_1 = arg1_1 = None
+            cos: "f32[s75]" = torch.ops.aten.cos.default(arg0_1);  arg0_1 = None
+            mul_2: "f32[s75]" = torch.ops.aten.mul.Tensor(mul_1, cos);  mul_1 = cos = None
+            return (mul_2, mul)
+    class false_graph_1(torch.nn.Module):
+        def forward(self, arg0_1: "f32[s75]", arg1_1: "f32[s75]", arg2_1: "f32[s75]"):
+            sin: "f32[s75]" = torch.ops.aten.sin.default(arg0_1);  arg0_1 = None
+            neg: "f32[s75]" = torch.ops.aten.neg.default(sin);  sin = None
+            mul: "f32[s75]" = torch.ops.aten.mul.Tensor(arg2_1, neg);  neg = None
+            clone_default: "f32[s75]" = torch.ops.aten.clone.default(arg2_1);  arg2_1 = None
+            return (mul, clone_default)
+""",
+        )
+
+
+def test_traced_forward_and_backward_match_eager_on_both_branches():
+    gm = symbolic(train_step, leaf(POS), leaf(NEG))
+    assert count_nodes(gm, "torchcond_cond") == 2
+    for x in (POS, NEG, -2 * POS):
+        y = torch.randn(x.shape, dtype=x.dtype)
+        assert_grads_equal(gm(leaf(x), leaf(y)), train_step(leaf(x), leaf(y)))
+
+
+def test_second_derivative_traces_to_a_graph_of_conds():
+    def f(x):
+        return cond(x.sum() > 0, lambda a: a.exp() * a.sin(), lambda a: a**3, (x,))
+
+    def second(x):
+        (g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.sum(), x, create_graph=True)
+        return g, gg, torch.autograd.grad(gg.sum(), x)[0]
+
+    gm = symbolic(second, leaf(POS))
+    # forward, backward, backward of backward, and the third derivative: all conds
+    assert count_nodes(gm, "torchcond_cond") == 4
+    for x in (POS, NEG):
+        assert_grads_equal(gm(leaf(x)), second(leaf(x)))
+
+
+def test_switch_backward_is_a_switch_on_the_same_index():
+    branches = [lambda a: a.sin(), lambda a: a * a, lambda a: a.exp()]
+
+    def step(i, x):
+        (g,) = torch.autograd.grad(switch(i, branches, (x,)).sum(), x, create_graph=True)
+        return g, torch.autograd.grad(g.sum(), x)[0]
+
+    gm = symbolic(step, torch.tensor(0), leaf(POS))
+    switches = [n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "torchcond_switch"]
+    assert len(switches) == 3 and len({n.args[0] for n in switches}) == 1
+    for i in range(-1, 4):
+        assert_grads_equal(gm(torch.tensor(i), leaf(POS)), step(torch.tensor(i), leaf(POS)))
+
+
+def test_a_branch_stop_gradient_survives_into_the_second_derivative():
+    def second(x):
+        out = cond(x.sum() > 0, lambda a: a.detach() * a**2, lambda a: a**3, (x,))
+        (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return g, torch.autograd.grad(g.sum(), x)[0]
+
+    gm = symbolic(second, leaf(POS))
+    for x in (POS, NEG):
+        assert_grads_equal(gm(leaf(x)), second(leaf(x)))
+
+
+def test_backward_keeps_only_the_primals_it_reads():
+    def step(x, y):
+        out = cond(x.sum() > 0, lambda a, b: a * 2 + b, lambda a, b: a * 3 - b, (x, y))
+        return torch.autograd.grad(out.sum(), (x, y))
+
+    gm = symbolic(step, leaf(POS), leaf(NEG))
+    backward = [n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "torchcond_cond"][1]
+    operand_names = [a.name for a in backward.args[3]]
+    assert operand_names == ["expand"]  # the cotangent only: linear branches need no primal
+
+
+class TwoHeads(torch.nn.Module):
+    """Branches close over the module's parameters (no explicit operands for them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return cond(x.sum() > 0, lambda t: self.a(t).relu(), lambda t: self.b(t).tanh(), (x,))
+
+
+def test_gradients_reach_closed_over_parameters_in_a_traced_training_step():
+    m = TwoHeads()
+    params = dict(m.named_parameters())
+
+    def step(params, x):
+        out = torch.func.functional_call(m, params, (x,))
+        return torch.autograd.grad(out.sum(), list(params.values()), allow_unused=True)
+
+    gm = make_fx(step, tracing_mode="fake")(params, torch.randn(4, 3))
+    for sign in (1.0, -1.0):
+        x = sign * torch.rand(4, 3) + sign
+        got, want = gm(params, x), step(params, x)
+        assert_grads_equal(got, want)
+        untaken = [2, 3] if sign > 0 else [0, 1]
+        assert all(want[i] is None and not got[i].any() for i in untaken)
+
+
+def test_derivative_graphs_are_built_once_per_forward_graph(monkeypatch):
+    inner = symbolic(lambda x: cond(x.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (x,)), POS)
+    fwd_true, fwd_false = inner.true_graph_0, inner.false_graph_0
+    built = []
+    real = torchcond.autograd._derivative_graph
+    monkeypatch.setattr(torchcond.autograd, "_derivative_graph", lambda *a: built.append(1) or real(*a))
+
+    def unrolled(x0):
+        x = x0
+        for _ in range(3):  # one cell applied three times, as in a recurrence
+            # the operator itself, as compiled and exported programs call it
+            (x,) = torchcond.cond_op(x.sum() > 0, fwd_true, fwd_false, (x,))
+        return torch.autograd.grad(x.pow(2).sum(), x0)[0]
+
+    gm = make_fx(unrolled, tracing_mode="fake")(leaf(POS))
+    assert len(built) == 2  # one vjp graph per branch, reused by all three backward conds
+    assert count_nodes(gm, "torchcond_cond") == 6
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "jacrev", "jacfwd", "hessian"])
+def test_torch_func_transforms_trace_into_conds(transform):
+    apply = TRANSFORMS[transform]
+    gm = symbolic(lambda x: apply(with_cond, x), POS)
+    assert count_nodes(gm, "torchcond_cond") >= 2
+    for x in (POS, NEG):
+        torch.testing.assert_close(gm(x), apply(with_if, x))
+
+
+def test_forward_mode_ad_traced():
+    import torch.autograd.forward_ad as fwAD
+
+    def tangent(x, t):
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(with_cond(fwAD.make_dual(x, t))).tangent
+
+    gm = symbolic(tangent, POS, torch.ones(3, dtype=torch.float64))
+    for x in (POS, NEG):
+        t = torch.randn(3, dtype=torch.float64)
+        torch.testing.assert_close(gm(x, t), tangent(x, t))
+
+
+def test_vmap_with_an_unbatched_selector_keeps_one_cond():
+    def f(p, x):
+        return cond(p, lambda a: a.sin(), lambda a: a * 2, (x,))
+
+    batched = torch.vmap(f, in_dims=(None, 0))
+    gm = symbolic(batched, torch.tensor(True), torch.randn(4, 3))
+    assert count_nodes(gm, "torchcond_cond") == 1
+    xs = torch.randn(4, 3)
+    for p in (True, False):
+        torch.testing.assert_close(gm(torch.tensor(p), xs), batched(torch.tensor(p), xs))
+    with pytest.raises(UnsupportedCondError, match="selector is batched"):
+        make_fx(torch.vmap(f), tracing_mode="fake")(torch.tensor([True, False]), torch.randn(2, 3))
+
+
+# --- training through export and AOTAutograd -----------------------------------------------
+
+
+class MLPCond(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+        self.b = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+
+    def forward(self, x):
+        return cond(x.sum() > 0, lambda t: self.a(t), lambda t: self.b(t) * 2, (x,))
+
+
+def param_grads(module, x):
+    return torch.autograd.grad(module(x).pow(2).sum(), list(module.parameters()), allow_unused=True)
+
+
+def test_export_run_decompositions_then_a_joint_trace_matches_eager():
+    model = MLPCond()
+    x = torch.randn(5, 3)
+    ep = torch.export.export(model, (x,)).run_decompositions()
+    exported = ep.module()
+    params = dict(exported.named_parameters())
+
+    def joint(params, x):
+        out = torch.func.functional_call(exported, params, (x,))
+        return (out, *torch.autograd.grad(out.pow(2).sum(), list(params.values()), allow_unused=True))
+
+    gm = make_fx(joint, tracing_mode="fake")(params, x)
+    assert count_nodes(gm, "torchcond_cond") == 2
+    for sign in (1.0, -1.0):
+        xs = sign * torch.rand(5, 3) + sign
+        out, *got = gm(params, xs)
+        torch.testing.assert_close(out, model(xs))
+        assert_grads_equal(got, param_grads(model, xs))
+
+
+def test_aot_function_partitions_the_backward_cond():
+    from functorch.compile import aot_function, make_boxed_func
+
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    def f(x, w):
+        return cond(x.sum() > 0, lambda a, b: (a * b).sin(), lambda a, b: a.exp() - b, (x, w))
+
+    compiled = aot_function(f, fw_compiler=keep, bw_compiler=keep)
+    for x in (POS, NEG):
+        w = torch.randn(3, dtype=torch.float64)
+        xa, wa, xb, wb = leaf(x), leaf(w), leaf(x), leaf(w)
+        assert_grads_equal(grads(compiled(xa, wa).sum(), [xa, wa]), grads(f(xb, wb).sum(), [xb, wb]))
+    forward, backward = graphs[:2]
+    assert count_nodes(forward, "torchcond_cond") == 1
+    assert count_nodes(backward, "torchcond_cond") == 1
