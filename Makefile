@@ -33,6 +33,7 @@ docs: install
 bench-smoke: install
 	$(PY) benchmarks/bench_eager.py --quick
 	$(PY) benchmarks/bench_first_call.py --quick
+	$(PY) benchmarks/bench_autograd.py --quick
 
 clean:
 	rm -rf build docs/_build docs/gallery torchcond/_C*.so *.egg-info

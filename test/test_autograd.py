@@ -422,3 +422,26 @@ def test_aot_function_partitions_the_backward_cond():
     forward, backward = graphs[:2]
     assert count_nodes(forward, "torchcond_cond") == 1
     assert count_nodes(backward, "torchcond_cond") == 1
+
+
+def test_aot_module_sees_parameters_its_branches_close_over():
+    from functorch.compile import aot_module, make_boxed_func
+
+    m = TwoHeads()
+    def boxed(gm, _):
+        return make_boxed_func(gm)
+
+    compiled = aot_module(m, fw_compiler=boxed, bw_compiler=boxed)
+    for sign in (1.0, -1.0):
+        x = sign * torch.rand(4, 3) + sign
+        got = grads(compiled(x).sum(), list(m.parameters()))
+        assert_grads_equal(got, grads(m(x).sum(), list(m.parameters())))
+
+
+def test_meta_tensors_differentiate_without_a_tracer():
+    lin = torch.nn.Linear(3, 2, device="meta")
+    x = torch.empty(4, 3, device="meta", requires_grad=True)
+    out = cond(x.sum() > 0, lambda t: lin(t), lambda t: t[:, :2] * 2, (x,))
+    out.sum().backward()
+    assert x.grad.shape == (4, 3) and x.grad.device.type == "meta"
+    assert lin.weight.grad.shape == (2, 3)  # a closure, found by running the branches

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat
+from . import _compat, closures
 from .batching import refuse_batched_selector, vmapped_branches
 from .forms import Form, is_concrete
 from .tracing import SpecCarrier, trace_branches
@@ -59,11 +59,19 @@ def _lift_closures(form: Form, branches, operands: tuple):
     A branch that closes over a parameter needs the parameter's gradient, but the
     Autograd key sees only the operands. Inside a make_fx session the branches are
     traced now, with closures lifted (as the proxy rule would), and the graphs are
-    handed on; the proxy rule then records them without tracing again.
+    handed on; the proxy rule then records them without tracing again. Without a
+    tracer (fake or meta tensors alone) closures are found by running the branches
+    once and bound as extra inputs (closures.py).
     """
-    tracer = _compat.active_fx_tracer()
-    if tracer is None or all(closure_free(b) for b in branches):
+    if all(closure_free(b) for b in branches):
         return branches, operands
+    tracer = _compat.active_fx_tracer()
+    if tracer is None:
+        found = closures.grad_closures(branches, operands)
+        if not found:
+            return branches, operands
+        bound = [closures.bind(b, found, len(operands)) for b in branches]
+        return bound, operands + tuple(found)
     labels = form.labels(len(branches))
     mode = _compat.functional_mode()
     if mode is None:
