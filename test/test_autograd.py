@@ -445,3 +445,19 @@ def test_meta_tensors_differentiate_without_a_tracer():
     out.sum().backward()
     assert x.grad.shape == (4, 3) and x.grad.device.type == "meta"
     assert lin.weight.grad.shape == (2, 3)  # a closure, found by running the branches
+
+
+def test_checkpoint_around_a_cond_traces_and_matches_eager():
+    from torch.utils.checkpoint import checkpoint
+
+    m = TwoHeads()
+
+    def step(x):
+        out = checkpoint(m, x, use_reentrant=False)
+        return torch.autograd.grad(out.sum(), [x, *m.parameters()], allow_unused=True)
+
+    gm = make_fx(step)(torch.randn(2, 3, requires_grad=True))
+    assert count_nodes(gm, "torchcond_cond") >= 2
+    for sign in (1.0, -1.0):
+        x = (sign * torch.ones(2, 3)).requires_grad_()
+        assert_grads_equal(gm(x), step(x))
