@@ -9,7 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import torchcond
 import torchcond.autograd
 from helpers import count_nodes, pinned_printout, readable
-from torchcond import UnsupportedCondError, cond, switch
+from torchcond import cond, switch
 
 POS = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
 NEG = torch.tensor([-0.5, -1.0, 0.3], dtype=torch.float64)
@@ -361,8 +361,11 @@ def test_vmap_with_an_unbatched_selector_keeps_one_cond():
     xs = torch.randn(4, 3)
     for p in (True, False):
         torch.testing.assert_close(gm(torch.tensor(p), xs), batched(torch.tensor(p), xs))
-    with pytest.raises(UnsupportedCondError, match="selector is batched"):
-        make_fx(torch.vmap(f), tracing_mode="fake")(torch.tensor([True, False]), torch.randn(2, 3))
+    # a batched selector: every branch runs, one select per example, no cond node
+    per_example = make_fx(torch.vmap(f), tracing_mode="fake")(torch.tensor([True, False]), xs[:2])
+    assert count_nodes(per_example, "torchcond_cond") == 0
+    ps = torch.tensor([False, True])
+    torch.testing.assert_close(per_example(ps, xs[:2]), torch.stack([xs[0] * 2, xs[1].sin()]))
 
 
 # --- training through export and AOTAutograd -----------------------------------------------

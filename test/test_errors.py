@@ -182,10 +182,17 @@ def test_user_exception_reaches_the_user_unchanged():
         switch(torch.tensor(1), [ident, bad], (x,))
 
 
-def test_vmap_over_a_batched_predicate_is_refused_clearly():
+def test_per_example_predicate_needs_selectable_outputs():
     xs = torch.randn(4, 3)
-    with pytest.raises(UnsupportedCondError, match=r"cond: argument .pred. is batched under torch.func.vmap"):
-        torch.vmap(lambda x: cond(x.sum() > 0, torch.cos, torch.sin, (x,)))(xs)
+    with pytest.raises(BranchMismatchError, match=r"output\['h'\]: every branch runs .* agree on shape: true_fn gives \(4, 3\), false_fn gives \(4, 2\)"):
+        torch.vmap(lambda x: cond(x.sum() > 0, lambda a: {"h": a}, lambda a: {"h": a[:2]}, (x,)))(xs)
+    with pytest.raises(BranchMismatchError, match=r"output: every branch runs .* agree on dtype"):
+        cond(xs.sum() > 0, lambda a: a, lambda a: a.double(), (xs,), strategy="select")
+
+
+def test_unknown_strategy_is_refused():
+    with pytest.raises(CondArgumentError, match="argument 'strategy' must be one of 'auto', 'select'; found 'fast'"):
+        cond(torch.tensor(True), torch.sin, torch.cos, (torch.ones(2),), strategy="fast")
 
 
 def test_bad_input_leaves_inputs_untouched():

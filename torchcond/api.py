@@ -15,14 +15,14 @@ import torch
 
 from . import _compat
 from ._compat import pytree
-from .errors import CondArgumentError, UnsupportedCondError
+from .errors import CondArgumentError
 from .forms import clamp_index, is_concrete
-from .ops import cond_op, switch_op
+from .batching import run_all_and_select
+from .ops import cond_op, form_of, switch_op
 from .tracing import FlatBranch, branch_specs
 
 _Tensor = torch.Tensor
 _tracing = _compat.tracing
-_is_functorch_wrapped = _compat.is_functorch_wrapped
 
 
 def cond(
@@ -30,6 +30,8 @@ def cond(
     true_fn: Callable[..., Any],
     false_fn: Callable[..., Any],
     operands: tuple | list = (),
+    *,
+    strategy: str = "auto",
 ) -> Any:
     """Return ``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``.
 
@@ -43,13 +45,21 @@ def cond(
             ``true_fn``'s in structure, dtypes, devices, layouts and ranks; sizes
             may differ (they become unbacked sizes when traced).
         operands: a tuple or list of pytrees whose leaves are tensors.
+        strategy: ``"auto"`` (default) or ``"select"``; see below.
 
-    In eager mode only the taken branch runs, exactly as a Python ``if``. Under
-    tracing (``make_fx``, ``torch.export``, fake tensors) both branches are traced
-    into a single ``torch.ops.higher_order.torchcond_cond`` node.
+    With ``strategy="auto"``, in eager mode only the taken branch runs, exactly as a
+    Python ``if``; under tracing (``make_fx``, ``torch.export``, fake tensors) both
+    branches are traced into a single ``torch.ops.higher_order.torchcond_cond``
+    node. Under ``torch.vmap`` with a predicate that differs per example, and while
+    a CUDA graph is being captured, it runs both branches and selects on the device.
+
+    With ``strategy="select"`` both branches always run and every output element is
+    picked on the device by one fused select: the predicate is never read on the
+    host (no device sync). Both branches must then return the same shapes.
     """
     if (
-        type(pred) is _Tensor
+        strategy == "auto"
+        and type(pred) is _Tensor
         and callable(true_fn)
         and callable(false_fn)
         and _plain_operands(operands)
@@ -59,15 +69,17 @@ def cond(
         try:
             taken = pred.__bool__()
         except RuntimeError:  # several elements, or batched by vmap: explained below
-            return _cond_slow(pred, true_fn, false_fn, operands)
+            return _cond_slow(pred, true_fn, false_fn, operands, strategy)
         return true_fn(*operands) if taken else false_fn(*operands)
-    return _cond_slow(pred, true_fn, false_fn, operands)
+    return _cond_slow(pred, true_fn, false_fn, operands, strategy)
 
 
 def switch(
     index: int | torch.SymInt | torch.Tensor,
     branches: Sequence[Callable[..., Any]],
     operands: tuple | list = (),
+    *,
+    strategy: str = "auto",
 ) -> Any:
     """Return ``branches[clamp(index, 0, len(branches) - 1)](*operands)``.
 
@@ -79,9 +91,11 @@ def switch(
         branches: a non-empty sequence of callables taking ``*operands``, under the
             same output rules as :func:`cond`.
         operands: a tuple or list of pytrees whose leaves are tensors.
+        strategy: ``"auto"`` or ``"select"``, as for :func:`cond`.
     """
     if (
-        type(index) is _Tensor
+        strategy == "auto"
+        and type(index) is _Tensor
         and type(branches) is list
         and branches
         and _all_callable(branches)
@@ -92,17 +106,19 @@ def switch(
         try:
             i = index.__index__()
         except (RuntimeError, TypeError):  # several elements, meta, batched: explained below
-            return _switch_slow(index, branches, operands)
+            return _switch_slow(index, branches, operands, strategy)
         return branches[min(max(i, 0), len(branches) - 1)](*operands)
-    return _switch_slow(index, branches, operands)
+    return _switch_slow(index, branches, operands, strategy)
 
 
 # --- the traced path ------------------------------------------------------------------
 
 
-def _cond_slow(pred, true_fn, false_fn, operands):
+def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto"):
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
+    if _use_select(strategy, pred):
+        return _select_path(cond_op, _normalize_pred(pred), [(true_fn, "true_fn"), (false_fn, "false_fn")], operands)
     if _compat.is_dynamo_compiling():
         # Dynamo sees a SymBool as a bool, so it gets its own path; it speculates the
         # user's branches itself and inlines constant predicates (_compat/dynamo.py).
@@ -115,16 +131,19 @@ def _cond_slow(pred, true_fn, false_fn, operands):
         return true_fn(*operands) if pred else false_fn(*operands)
     if isinstance(pred, torch.Tensor):
         _check_pred_tensor(pred)
-        if _readable_on_host(pred, "cond: argument 'pred'"):
+        if is_concrete(pred):
             return true_fn(*operands) if pred else false_fn(*operands)
     pred = _normalize_pred(pred)
     return _call_operator(cond_op, pred, [(true_fn, "true_fn"), (false_fn, "false_fn")], operands)
 
 
-def _switch_slow(index, branches, operands):
+def _switch_slow(index, branches, operands, strategy="auto"):
     branches = _check_branch_list(branches)
     _check_operands(operands)
     n = len(branches)
+    if _use_select(strategy, index):
+        labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
+        return _select_path(switch_op, _normalize_index(index, n), labelled, operands)
     index = _python_scalar(index)
     if _compat.is_dynamo_compiling():
         # As in the other modes, the graph holds the clamped index.
@@ -138,7 +157,7 @@ def _switch_slow(index, branches, operands):
         return branches[clamp_index(index, n)](*operands)
     if isinstance(index, torch.Tensor):
         _check_index_tensor(index)
-        if _readable_on_host(index, "switch: argument 'index'"):
+        if is_concrete(index):
             return branches[clamp_index(int(index), n)](*operands)
     index = _normalize_index(index, n)
     labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
@@ -154,27 +173,38 @@ def _call_operator(op, selector, labelled_branches, operands):
     return pytree.tree_unflatten(list(flat_out), spec)
 
 
+_STRATEGIES = ("auto", "select")
+
+
+def _use_select(strategy: str, selector) -> bool:
+    """``select`` when asked for, or while a CUDA graph captures (no host reads then)."""
+    if strategy not in _STRATEGIES:
+        raise CondArgumentError(
+            f"argument 'strategy' must be one of {', '.join(map(repr, _STRATEGIES))}; "
+            f"found {strategy!r}"
+        )
+    if strategy == "select":
+        return not isinstance(_python_scalar(selector), (bool, int, float))
+    return isinstance(selector, torch.Tensor) and _compat.capturing_cuda_graph(selector)
+
+
+def _select_path(op, selector, labelled_branches, operands):
+    """Every branch runs; one fused select picks each output element on the device."""
+    if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
+        selector = torch.scalar_tensor(selector, dtype=torch.bool if op is cond_op else torch.int64)
+    flat_operands, in_spec = pytree.tree_flatten(operands)
+    flat_branches = [FlatBranch(fn, in_spec, label) for fn, label in labelled_branches]
+    labels = [label for _, label in labelled_branches]
+    out = run_all_and_select(form_of(op), selector, flat_branches, tuple(flat_operands), labels)
+    spec = next(s for s in branch_specs(flat_branches) if s is not None)
+    return pytree.tree_unflatten(list(out), spec)
+
+
 def _python_scalar(value):
     """NumPy scalars (np.bool_, np.float32, ...) as the Python numbers they hold."""
     if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
         return value.item()
     return value
-
-
-def _readable_on_host(selector: torch.Tensor, what: str) -> bool:
-    """A real tensor outside any tracing: a Python `if` is exact (also under grad/jvp).
-
-    A selector batched by vmap has one value per example and cannot be read.
-    """
-    if is_concrete(selector):
-        return True
-    if not _tracing() and _is_functorch_wrapped(selector) and _compat.is_vmapped(selector):
-        raise UnsupportedCondError(
-            f"{what} is batched under torch.func.vmap (one value per example); that "
-            "needs a device-side select and is not supported yet. Pass an unbatched "
-            "value, or compute both sides and use torch.where"
-        )
-    return False
 
 
 def _warn_if_exporting(fn_name: str, arg: str, value, instead: str) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import _compat, closures
-from .batching import refuse_batched_selector, vmapped_branches
+from .batching import run_all_and_select_batched, vmapped_branches
 from .forms import Form, is_concrete
 from .tracing import SpecCarrier, trace_branches
 
@@ -159,11 +159,17 @@ class Conditional(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, form, selector, branches, *operands):
-        # torch.func's jacrev/hessian vmap the backward over basis cotangents.
-        if in_dims[1] is not None:
-            refuse_batched_selector(form)
-        mapped = vmapped_branches(branches, in_dims[3:], info.randomness)
-        out = tuple(form.op(selector, *mapped, tuple(operands)))
+        # torch.func's jacrev/hessian vmap the backward over basis cotangents, and
+        # per-example gradients vmap it over a batched selector.
+        selector_dim, operand_dims = in_dims[1], in_dims[3:]
+        if selector_dim is None:
+            mapped = vmapped_branches(branches, operand_dims, info.randomness)
+            out = tuple(form.op(selector, *mapped, tuple(operands)))
+        else:
+            out = run_all_and_select_batched(
+                form, selector.movedim(selector_dim, 0), branches, operands,
+                operand_dims, info.batch_size, info.randomness,
+            )
         return out, (0,) * len(out)
 
     @staticmethod

@@ -1,9 +1,19 @@
-"""vmap of a conditional whose selector is the same for every example.
+"""vmap of a conditional, and running every branch then selecting on the device.
 
-Each branch is vmapped and the conditional stays one conditional, so under tracing
-the batched program still has one node per conditional. A selector that differs per
-example cannot pick one branch: that needs running every branch and a device-side
-select, which this module refuses clearly for now.
+* Selector the same for every example: each branch is vmapped and the conditional
+  stays one conditional (one node when traced).
+* Selector batched (one value per example): no single branch can be chosen, so
+  every branch runs on the whole batch and one fused select (``select.py``) picks,
+  per example, the taken branch's value of every output leaf.
+
+``run_all_and_select`` is that second form on its own; ``strategy="select"`` uses it
+too, to avoid reading a device predicate on the host.
+
+Gradients must not pick up NaN or Inf from an example that did not take a branch:
+``cond(x > 0, torch.log, torch.zeros_like)`` evaluates ``log`` on negative examples,
+whose backward is ``inf``. Multiplying by a zero cotangent would give ``0 * inf =
+NaN``, so each branch's inputs also go through a select (``select(mask, x,
+x.detach())``) whose backward *reads only* the taken examples' gradients.
 """
 
 from __future__ import annotations
@@ -12,22 +22,35 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat
-from .errors import UnsupportedCondError
+from . import _compat, select
+from .errors import BranchMismatchError
 from .forms import Form
-from .tracing import SpecCarrier
+from .tracing import SpecCarrier, branch_specs, check_same_structure, leaf_paths
 
 
 def vmap_rule(form: Form, interpreter, selector, branches, operands):
     """The functorch Vmap-key rule of both operators."""
     level = interpreter.level()
+    tensors, in_dims = _unbatch_all(operands, level)
     if isinstance(selector, torch.Tensor) and _compat.batched_at(selector, level):
-        refuse_batched_selector(form)
-    tensors, in_dims = zip(*[_compat.unbatch(t, level) for t in operands]) if operands else ((), ())
-    mapped = vmapped_branches(branches, in_dims, interpreter.randomness())
-    with interpreter.lower():
-        out = form.op(selector, *mapped, tuple(tensors))
+        value, dim = _compat.unbatch(selector, level)
+        with interpreter.lower():
+            out = run_all_and_select_batched(
+                form, value.movedim(dim, 0), branches, tensors, in_dims,
+                interpreter.batch_size(), interpreter.randomness(),
+            )
+    else:
+        mapped = vmapped_branches(branches, in_dims, interpreter.randomness())
+        with interpreter.lower():
+            out = form.op(selector, *mapped, tuple(tensors))
     return tuple(_compat.batch(t, 0, level) for t in out)
+
+
+def _unbatch_all(operands, level):
+    if not operands:
+        return (), ()
+    tensors, in_dims = zip(*[_compat.unbatch(t, level) for t in operands])
+    return tensors, in_dims
 
 
 def vmapped_branches(branches: Sequence[Callable], in_dims: Sequence, randomness: str):
@@ -38,10 +61,91 @@ def vmapped_branches(branches: Sequence[Callable], in_dims: Sequence, randomness
     ]
 
 
-def refuse_batched_selector(form: Form):
-    raise UnsupportedCondError(
-        f"{form.op.name()}: vmap over a conditional whose selector is batched (one "
-        "value per example) is not supported yet: no single branch can be chosen. "
-        "Compute both results and combine them with torch.where, or keep the "
-        "selector unbatched"
-    )
+def run_all_and_select_batched(
+    form: Form, selector, branches, tensors, in_dims, batch_size: int, randomness: str
+):
+    """Every branch vmapped over the batch, then one select per example.
+
+    ``selector`` has the batch dimension first (one value per example); operands are
+    given with their batch dimension (or None when unbatched).
+    """
+    inputs = [
+        t.movedim(d, 0) if d is not None else _broadcast_batch(t, batch_size)
+        for t, d in zip(tensors, in_dims)
+    ]
+    dims = tuple(0 if isinstance(t, torch.Tensor) else None for t in inputs)
+    mapped = [
+        SpecCarrier(torch.vmap(b, in_dims=dims, out_dims=0, randomness=randomness), b)
+        for b in branches
+    ]
+    return run_all_and_select(form, selector, mapped, inputs, form.labels(len(branches)))
+
+
+def run_all_and_select(
+    form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str] | None = None
+) -> tuple:
+    """Run every branch on ``operands``, then pick each output element on the device.
+
+    ``selector``'s shape is a prefix of every operand's and output's shape (0-d: one
+    choice for everything). No value is read on the host. With ``labels`` the
+    branches' outputs are checked to be selectable, with errors naming output paths.
+    """
+    n = len(branches)
+    if n == 2 and selector.dtype is torch.bool:  # cond: the predicate is the mask
+        which, first = None, selector
+    else:
+        which = form.branch_of(selector, n)
+        first = which == 0
+    guard = any(_needs_grad(t) for t in operands if isinstance(t, torch.Tensor))
+    outputs = []
+    for k, branch in enumerate(branches):
+        if guard:
+            mask = first if k == 0 else (~first if which is None else which == k)
+            outputs.append(tuple(branch(*[_masked(mask, t) for t in operands])))
+        else:
+            outputs.append(tuple(branch(*operands)))
+    if labels is not None:
+        _check_selectable(branches, labels, outputs)
+    if which is None or n == 2:
+        return tuple(select.select(first, outputs[0], outputs[1]))
+    return tuple(select.select_n(which, outputs))
+
+
+def _check_selectable(branches, labels, outputs) -> None:
+    check_same_structure(branches, labels)
+    spec = next((s for s in branch_specs(branches) if s is not None), None)
+    paths = leaf_paths(spec, len(outputs[0]))
+    for label, outs in zip(labels[1:], outputs[1:]):
+        for path, first, other in zip(paths, outputs[0], outs):
+            for what, a, b in (
+                ("shape", tuple(first.shape), tuple(other.shape)),
+                ("dtype", first.dtype, other.dtype),
+                ("device", first.device, other.device),
+            ):
+                if a != b:
+                    raise BranchMismatchError(
+                        f"{path}: every branch runs and each element is selected on the "
+                        "device (strategy='select', or vmap with a per-example "
+                        f"selector), so branches must agree on {what}: {labels[0]} "
+                        f"gives {a}, {label} gives {b}"
+                    )
+
+
+def _masked(mask: torch.Tensor, value):
+    """``value`` unchanged forward; backward reads only the examples ``mask`` selects."""
+    if not (isinstance(value, torch.Tensor) and _needs_grad(value)):
+        return value
+    return select.select(mask, [value], [value.detach()])[0]
+
+
+def _needs_grad(t: torch.Tensor) -> bool:
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return False
+    return (torch.is_grad_enabled() and t.requires_grad) or _compat.is_functorch_wrapped(t)
+
+
+def _broadcast_batch(value, batch_size: int):
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.expand(batch_size, *value.shape)
+

@@ -18,8 +18,10 @@ from . import _compat
 class Form:
     """What differs between the operators: branch choice, labels, graph names."""
 
-    def __init__(self, op, taken, labels, graph_names):
+    def __init__(self, op, taken, labels, graph_names, branch_of):
         self.op = op
+        # selector tensor -> int64 tensor of the branch each element takes (device side)
+        self.branch_of: Callable[[torch.Tensor, int], torch.Tensor] = branch_of
         self.taken: Callable[[object, int], int] = taken
         self.labels: Callable[[int], list[str]] = labels
         self.graph_names: Callable[[torch.nn.Module, int], list[str]] = graph_names
@@ -35,6 +37,15 @@ class Form:
 
 def clamp_index(index: int, n: int) -> int:
     return min(max(index, 0), n - 1)
+
+
+def cond_branch_of(pred: torch.Tensor, n: int) -> torch.Tensor:
+    """True takes branch 0 (``true_fn``), false branch 1."""
+    return (pred == 0).to(torch.int64)
+
+
+def switch_branch_of(index: torch.Tensor, n: int) -> torch.Tensor:
+    return index.to(torch.int64).clamp(0, n - 1)
 
 
 def unpack(args: tuple) -> tuple:

@@ -21,7 +21,7 @@ from ._compat import export as _compat_export
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
 from .errors import CondArgumentError
-from .forms import Form, clamp_index, is_concrete, pack, unpack
+from .forms import Form, clamp_index, cond_branch_of, is_concrete, pack, switch_branch_of, unpack
 from .merge import merge_branch_outputs
 from .subgraph import output_values
 from .tracing import SpecCarrier, branch_specs, check_same_structure, leaf_paths, trace_branches
@@ -84,14 +84,20 @@ _FORMS = {
         taken=lambda pred, n: 0 if pred else 1,
         labels=lambda n: ["true_fn", "false_fn"],
         graph_names=_cond_graph_names,
+        branch_of=cond_branch_of,
     ),
     switch_op: Form(
         switch_op,
         taken=lambda index, n: clamp_index(int(index), n),
         labels=lambda n: [f"branches[{i}]" for i in range(n)],
         graph_names=_switch_graph_names,
+        branch_of=switch_branch_of,
     ),
 }
+
+
+def form_of(op) -> Form:
+    return _FORMS[op]
 
 
 # --- one rule per dispatch key -----------------------------------------------------

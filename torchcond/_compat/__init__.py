@@ -153,6 +153,11 @@ def has_tangent(value) -> bool:
         return fwAD.unpack_dual(value).tangent is not None
 
 
+def capturing_cuda_graph(t: torch.Tensor) -> bool:
+    """True while a CUDA graph is being captured on the current stream of ``t``'s device."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def is_exporting() -> bool:
     return torch.compiler.is_exporting()
 
