@@ -1,0 +1,162 @@
+"""vmap with per-example predicates, strategy="select", and CUDA graph capture."""
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from helpers import count_nodes
+from torchcond import cond, switch
+
+XS = torch.tensor([[1.0, 2.0], [-1.0, -3.0], [0.5, -0.1], [2.0, -0.5]], dtype=torch.float64)
+
+
+def log_or_zero(x):
+    return cond(x.sum() > 0, lambda a: a.log(), lambda a: torch.zeros_like(a), (x,))
+
+
+def log_or_zero_if(x):
+    return x.log() if x.sum() > 0 else torch.zeros_like(x)
+
+
+def per_example(fn, *batches):
+    return torch.stack([fn(*args) for args in zip(*batches)])
+
+
+# --- vmap over a per-example predicate ----------------------------------------------------
+
+
+def test_vmap_per_example_predicate_equals_python_if():
+    torch.testing.assert_close(torch.vmap(log_or_zero)(XS), per_example(log_or_zero_if, XS), equal_nan=True)
+
+
+def test_vmap_of_grad_is_finite_and_exact_per_example():
+    got = torch.vmap(torch.func.grad(lambda x: log_or_zero(x).sum()))(XS)
+    want = per_example(torch.func.grad(lambda x: log_or_zero_if(x).sum()), XS)
+    assert torch.isfinite(got).all()  # log's backward at negative examples never leaks in
+    torch.testing.assert_close(got, want)
+
+
+def test_grad_of_vmap_and_jacrev_of_vmap():
+    x = XS.abs().clone().requires_grad_()  # keep log finite for the taken examples
+    x.data[1] *= -1
+    torch.vmap(log_or_zero)(x).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    want = per_example(torch.func.grad(lambda t: log_or_zero_if(t).sum()), x.detach())
+    torch.testing.assert_close(x.grad, want)
+    jac = torch.func.jacrev(torch.vmap(log_or_zero))(x.detach())
+    assert torch.isfinite(jac).all()
+
+
+def test_switch_per_example_index_clamps():
+    branches = [lambda a: a * 1, lambda a: a.sin(), lambda a: a * 3]
+    index = torch.tensor([0, 1, 7, -2])
+    got = torch.vmap(lambda i, x: switch(i, branches, (x,)))(index, XS)
+    want = per_example(lambda i, x: branches[min(max(int(i), 0), 2)](x), index, XS)
+    torch.testing.assert_close(got, want)
+
+
+def test_pytree_outputs_and_mixed_in_dims():
+    w = torch.tensor([0.5, 2.0], dtype=torch.float64)
+
+    def f(p, x, w):
+        return cond(p, lambda a, b: {"s": a + b, "t": [a * b]}, lambda a, b: {"s": a - b, "t": [a]}, (x, w))
+
+    preds = torch.tensor([True, False, True, False])
+    got = torch.vmap(f, in_dims=(0, 0, None))(preds, XS, w)
+    for i, p in enumerate(preds):
+        want = f(p, XS[i], w)
+        torch.testing.assert_close(got["s"][i], want["s"])
+        torch.testing.assert_close(got["t"][0][i], want["t"][0])
+
+
+def test_nested_vmap_per_element_predicate():
+    f = lambda x: cond(x > 0, lambda a: a.sqrt(), lambda a: -a, (x,))  # noqa: E731
+    got = torch.vmap(torch.vmap(f))(XS)
+    torch.testing.assert_close(got, torch.where(XS > 0, XS.clamp(min=0).sqrt(), -XS))
+
+
+def test_traced_vmap_with_a_per_example_predicate_has_no_cond_node():
+    gm = make_fx(torch.vmap(log_or_zero), tracing_mode="fake")(XS)
+    assert count_nodes(gm, "torchcond_cond") == 0
+    torch.testing.assert_close(gm(XS), per_example(log_or_zero_if, XS), equal_nan=True)
+
+
+# --- strategy="select" --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("x", [XS[0], XS[1]], ids=["true", "false"])
+def test_strategy_select_equals_python_if_with_finite_gradients(x):
+    def f(x):
+        return cond(x.sum() > 0, torch.log, torch.zeros_like, (x,), strategy="select")
+
+    torch.testing.assert_close(f(x), log_or_zero_if(x))
+    got = torch.func.grad(lambda t: f(t).sum())(x)
+    want = torch.func.grad(lambda t: log_or_zero_if(t).sum())(x)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want)
+
+
+def test_strategy_select_switch_and_pytrees():
+    branches = [lambda a: {"v": a + 1}, lambda a: {"v": a * 2}, lambda a: {"v": a.cos()}]
+    for i in (-1, 0, 1, 2, 9):
+        got = switch(torch.tensor(i), branches, (XS,), strategy="select")
+        torch.testing.assert_close(got["v"], branches[min(max(i, 0), 2)](XS)["v"])
+
+
+def test_strategy_select_traces_to_plain_ops_and_a_select():
+    def f(x):
+        return cond(x.sum() > 0, torch.sin, torch.cos, (x,), strategy="select")
+
+    gm = make_fx(f, tracing_mode="symbolic")(XS)
+    assert count_nodes(gm, "torchcond_cond") == 0
+    for x in (XS, -XS):
+        torch.testing.assert_close(gm(x), f(x))
+
+
+def test_strategy_select_with_a_python_bool_just_takes_the_branch():
+    calls = []
+    cond(True, lambda a: calls.append("t") or a, lambda a: calls.append("f") or a, (XS,), strategy="select")
+    assert calls == ["t"]
+
+
+# --- CUDA: no host read ---------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_strategy_select_never_syncs_on_cuda():
+    x = XS.cuda()
+    pred = x.sum() > 0
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = cond(pred, torch.sin, torch.cos, (x,), strategy="select")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(out.cpu(), XS.sin())
+
+
+@cuda
+def test_cond_inside_cuda_graph_capture_takes_both_branches_on_replay():
+    x = torch.zeros(4, device="cuda")
+    pred = torch.zeros((), dtype=torch.bool, device="cuda")
+
+    def step():
+        return cond(pred, lambda a: a + 1, lambda a: a - 1, (x,))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm both branches up before capture
+        for value in (True, False):
+            pred.fill_(value)
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for value, want in ((True, 1.0), (False, -1.0), (True, 1.0)):
+        pred.fill_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), torch.full((4,), want))
