@@ -23,6 +23,7 @@ from .tracing import FlatBranch, branch_specs
 
 _Tensor = torch.Tensor
 _tracing = _compat.tracing
+_capturing = torch.cuda.is_current_stream_capturing
 
 
 def cond(
@@ -65,6 +66,7 @@ def cond(
         and _plain_operands(operands)
         and not _tracing()
         and not pred.is_complex()
+        and not (pred.is_cuda and _capturing())  # a host read would break the capture
     ):
         try:
             taken = pred.__bool__()
@@ -102,6 +104,7 @@ def switch(
         and _plain_operands(operands)
         and not _tracing()
         and index.dtype in _INTEGER_DTYPES
+        and not (index.is_cuda and _capturing())
     ):
         try:
             i = index.__index__()
