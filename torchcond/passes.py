@@ -1,0 +1,104 @@
+"""Graph passes over exported programs.
+
+``lower_to_select(ep)`` rewrites every ``torchcond_cond``/``torchcond_switch`` node into
+the computation of every branch followed by one fused ``torchcond::select`` (or
+``select_n``) over all outputs. The result has no control flow, so it suits backends
+without conditionals, and running it never reads the predicate on the host. It
+computes every branch, so it costs the sum of the branches, not the taken one.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from . import select as _select  # noqa: F401  (registers the select operators' rules)
+from .errors import BranchMismatchError
+from .ops import cond_op, switch_op
+from .subgraph import output_values
+
+
+def lower_to_select(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """A copy of ``ep`` with every conditional lowered to all branches plus a select.
+
+    Nested conditionals (inside branches) are lowered first. The program's inputs,
+    outputs and signature are unchanged.
+    """
+    lowered = copy.deepcopy(ep)
+    _lower_module(lowered.graph_module)
+    return lowered
+
+
+def _lower_module(gm: torch.fx.GraphModule) -> None:
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in (cond_op, switch_op):
+            _lower_node(gm, node)
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _lower_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    selector, *branch_nodes, operands = node.args
+    graph = gm.graph
+    branches = [getattr(gm, b.target) for b in branch_nodes]
+    outputs = []
+    with graph.inserting_before(node):
+        for branch in branches:
+            _lower_module(branch)
+            outputs.append(_inline(graph, branch, operands))
+        _check_same_metadata(node, branches)
+        if node.target is cond_op:
+            pred = _as_tensor(graph, selector, torch.bool)
+            selected = graph.call_function(
+                torch.ops.torchcond.select.default, (pred, outputs[0], outputs[1])
+            )
+        else:
+            index = _as_tensor(graph, selector, torch.int64)
+            flat = [value for outs in outputs for value in outs]
+            selected = graph.call_function(
+                torch.ops.torchcond.select_n.default, (index, flat, len(branches))
+            )
+    selected.meta["val"] = node.meta.get("val")
+    node.replace_all_uses_with(selected)
+    graph.erase_node(node)
+
+
+def _inline(graph: torch.fx.Graph, branch: torch.fx.GraphModule, operands) -> list:
+    """Copy ``branch``'s nodes into ``graph``; returns the nodes of its outputs."""
+    env = dict(zip(branch.graph.find_nodes(op="placeholder"), operands))
+    for sub in branch.graph.nodes:
+        if sub.op in ("placeholder", "output"):
+            continue
+        if sub.op == "get_attr":
+            raise AssertionError(f"branch reads attribute {sub.target} after lowering")
+        env[sub] = graph.node_copy(sub, lambda n: env[n])
+    (results,) = branch.graph.find_nodes(op="output")[0].args
+    return [env[r] for r in results]
+
+
+def _as_tensor(graph: torch.fx.Graph, selector, dtype: torch.dtype):
+    """A SymBool/SymInt selector (a shape predicate) as a 0-d tensor for the kernel."""
+    if isinstance(selector, torch.fx.Node) and isinstance(selector.meta.get("val"), torch.Tensor):
+        return selector
+    return graph.call_function(torch.ops.aten.scalar_tensor.default, (selector,), {"dtype": dtype})
+
+
+def _check_same_metadata(node, branches) -> None:
+    """An elementwise select needs every branch's outputs to agree in shape and dtype."""
+    per_branch = [output_values(b) for b in branches]
+    for i, values in enumerate(zip(*per_branch)):
+        first = values[0]
+        for k, other in enumerate(values[1:], 1):
+            if tuple(other.shape) != tuple(first.shape) or other.dtype != first.dtype:
+                raise BranchMismatchError(
+                    f"lower_to_select: {node.name} output[{i}] differs between branches "
+                    f"(branch 0: {tuple(first.shape)} {first.dtype}, branch {k}: "
+                    f"{tuple(other.shape)} {other.dtype}); an elementwise select needs "
+                    "them equal, so this conditional cannot be lowered"
+                )
+
+
+__all__ = ["lower_to_select"]
