@@ -1,4 +1,7 @@
-"""Closures over tensors that require grad, found and bound without a tracer.
+"""Closures made explicit operands before autograd sees a conditional.
+
+A branch may read parameters without receiving them; their gradients need them as
+operands of the conditional. ``lift`` does it before the Autograd key's rule runs.
 
 Inside a make_fx session closures are lifted by tracing (``tracing.trace_branches``).
 With no tracer, as in AOTAutograd's metadata pass over fake tensors, a branch is run
@@ -14,8 +17,65 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from . import _compat
 from ._compat import pytree
-from .tracing import SpecCarrier
+from .forms import Form
+from .tracing import SpecCarrier, trace_branches
+
+
+def lift(form: Form, branches, operands: tuple):
+    """Make every value a branch reads an explicit operand, so autograd sees it.
+
+    A branch that closes over a parameter needs the parameter's gradient, but the
+    Autograd key sees only the operands. Inside a make_fx session the branches are
+    traced now, with closures lifted (as the proxy rule would), and the graphs are
+    handed on; the proxy rule then records them without tracing again. Without a
+    tracer (fake or meta tensors alone) closures are found by running the branches
+    once and bound as extra inputs (below).
+    """
+    if all(closure_free(b) for b in branches):
+        return branches, operands
+    tracer = _compat.active_fx_tracer()
+    if tracer is None:
+        found = grad_closures(branches, operands)
+        if not found:
+            return branches, operands
+        bound = [bind(b, found, len(operands)) for b in branches]
+        return bound, operands + tuple(found)
+    labels = form.labels(len(branches))
+    mode = _compat.functional_mode()
+    if mode is None:
+        with _compat.below_autograd():
+            return trace_branches(tracer, branches, operands, labels)
+    # Under functionalization the tracer knows the unwrapped tensors: trace the
+    # branches as the Functionalize rule would, then hand autograd the functional
+    # wrappers of what was lifted.
+    wrappers = _compat.FunctionalWrappers()
+    with _compat.below_autograd(), _compat.outside_functional_mode():
+        recorded = [SpecCarrier(_recording(b, wrappers), b) for b in branches]
+        functional = [SpecCarrier(_compat.functionalized(b, mode), b) for b in recorded]
+        inner = _compat.unwrap_functional(operands)
+        graphs, inner = trace_branches(tracer, functional, inner, labels)
+    lifted = tuple(wrappers.outer(v) for v in inner[len(operands) :])
+    return graphs, operands + lifted
+
+
+def _recording(branch, mode):
+    def run(*args):
+        with mode:
+            return branch(*args)
+
+    return run
+
+
+def closure_free(branch) -> bool:
+    """A GraphModule that reads nothing but its placeholders (and nested branch graphs)."""
+    if not isinstance(branch, torch.fx.GraphModule):
+        return False
+    for node in branch.graph.find_nodes(op="get_attr"):
+        if not isinstance(_compat.getattr_path(branch, node.target), torch.fx.GraphModule):
+            return False
+    return True
 
 
 class _Recorder(torch.overrides.TorchFunctionMode):
