@@ -66,12 +66,14 @@ import platform
 import sys
 import tempfile
 import time
-import timeit
 
 import torch
 from torch import nn
 
 import torchcond
+
+import timing  # benchmarks/timing.py: the shared timing method
+
 
 TIME_TARGET = 1.3  # torchcond forward+backward at most 1.3x the Python `if`
 MEM_TARGET = 1.1  # peak memory of a training step at most 1.1x the Python `if`
@@ -121,47 +123,6 @@ def torch_cond(x):
 # --- part 1: timing (same method as bench_eager.py) -------------------------------------
 
 
-def _timer(stmt: str, namespace: dict) -> timeit.Timer:
-    return timeit.Timer(stmt, globals=namespace)
-
-
-def _calibrate(timer: timeit.Timer, target_s: float, max_number: int) -> int:
-    """Loop count so that one measurement takes about ``target_s``."""
-    number = 1
-    while number < max_number:
-        t = timer.timeit(number)
-        if t >= target_s / 4:
-            break
-        number *= 4
-    t = timer.timeit(number)
-    per_call = t / number
-    return max(1, min(max_number, int(target_s / per_call)))
-
-
-def measure(candidates: dict, rounds: int, target_s: float, numbers: dict | None = None):
-    """Best-of-``rounds`` seconds per call for every candidate, interleaved."""
-    numbers = dict(numbers or {})
-    for name, timer in candidates.items():
-        if name not in numbers:
-            numbers[name] = _calibrate(timer, target_s, max_number=1_000_000)
-    best = {name: float("inf") for name in candidates}
-    names = list(candidates)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            t = candidates[name].timeit(numbers[name]) / numbers[name]
-            best[name] = min(best[name], t)
-    return best, numbers
-
-
-def _dynamo_frames_compiled() -> int:
-    if "torch._dynamo.utils" not in sys.modules:
-        return 0
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
-
-
 def _raise_dynamo_limits() -> str:
     import torch._dynamo.config as cfg
 
@@ -172,18 +133,6 @@ def _raise_dynamo_limits() -> str:
     elif hasattr(cfg, "accumulated_cache_size_limit"):
         cfg.accumulated_cache_size_limit = max(cfg.accumulated_cache_size_limit, 1024)
     return f"{limit_name}={getattr(cfg, limit_name)}"
-
-
-def _cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _short_error(exc: BaseException) -> str:
@@ -246,7 +195,7 @@ def time_part(args) -> tuple[list, list[str]]:
             for _ in range(torch_cond_warmup):
                 torch.autograd.grad(torch_cond(x), (x,))
                 torch.autograd.grad(torch.cond(p, f_true, f_false, (x,)), (x,))
-            compiled_before = _dynamo_frames_compiled()
+            compiled_before = timing.dynamo_frames_compiled()
             notes.append(
                 f"torch.cond: dynamo {limits}; first forward+backward call {first * 1e3:.0f} ms "
                 f"(imports dynamo, compiles); warm-up {torch_cond_warmup} calls per case; "
@@ -262,9 +211,9 @@ def time_part(args) -> tuple[list, list[str]]:
     fixed = {"torch.cond": torch_cond_calls}
 
     def case(title, baseline, cands):
-        timers = {"baseline": _timer(baseline, ns)}
-        timers.update({name: _timer(stmt, ns) for name, stmt in cands.items()})
-        best, _ = measure(timers, rounds, target_s, fixed)
+        timers = {"baseline": timing.timer(baseline, ns)}
+        timers.update({name: timing.timer(stmt, ns) for name, stmt in cands.items()})
+        best, _ = timing.measure(timers, rounds, target_s, fixed, max_number=1_000_000)
         for name, stmt in cands.items():
             target = f"<= {TIME_TARGET}x" if name.startswith("torchcond") else "-"
             rows.append((title, baseline, best["baseline"], name, stmt, best[name], target))
@@ -288,7 +237,7 @@ def time_part(args) -> tuple[list, list[str]]:
     )
     elapsed = time.perf_counter() - t_start
     if run_torch_cond:
-        recompiles = _dynamo_frames_compiled() - compiled_before
+        recompiles = timing.dynamo_frames_compiled() - compiled_before
         notes.append(f"dynamo graphs compiled during the timed rounds: {recompiles} (0 = no recompiles)")
     notes.append(
         f"time: rounds={rounds} (interleaved, min per candidate), ~{target_s * 1e3:.0f} ms per "
@@ -525,7 +474,7 @@ def main(argv=None) -> int:
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, "
         f"torchcond {torchcond.__version__}, {platform.machine()}, "
-        f"cpu={_cpu_name()!r}, os.cpu_count()={os.cpu_count()}, "
+        f"cpu={timing.cpu_name()!r}, os.cpu_count()={os.cpu_count()}, "
         f"torch threads={torch.get_num_threads()}"
     )
     print(f"mode={'quick' if args.quick else 'full'}")

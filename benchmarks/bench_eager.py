@@ -41,11 +41,12 @@ import os
 import platform
 import sys
 import time
-import timeit
 
 import torch
 
 import torchcond
+
+import timing  # benchmarks/timing.py: the shared timing method
 
 COND_TARGET = 1.5  # the issue's target: cond at most 1.5x a Python `if`
 
@@ -91,53 +92,6 @@ def torch_cond(x):
 
 
 # --- timing ----------------------------------------------------------------------------
-
-
-def _timer(stmt: str, namespace: dict) -> timeit.Timer:
-    return timeit.Timer(stmt, globals=namespace)
-
-
-def _calibrate(timer: timeit.Timer, target_s: float, max_number: int) -> int:
-    """Loop count so that one measurement takes about ``target_s``."""
-    number = 1
-    while number < max_number:
-        t = timer.timeit(number)
-        if t >= target_s / 4:
-            break
-        number *= 4
-    t = timer.timeit(number)
-    per_call = t / number
-    return max(1, min(max_number, int(target_s / per_call)))
-
-
-def measure(candidates: dict, rounds: int, target_s: float, numbers: dict | None = None):
-    """Best-of-``rounds`` seconds per call for every candidate, interleaved.
-
-    ``candidates``: name -> timeit.Timer. ``numbers``: optional fixed loop counts
-    (used for torch.cond); the others are calibrated to ``target_s`` per measurement.
-    """
-    numbers = dict(numbers or {})
-    for name, timer in candidates.items():
-        if name not in numbers:
-            numbers[name] = _calibrate(timer, target_s, max_number=10_000_000)
-    best = {name: float("inf") for name in candidates}
-    names = list(candidates)
-    for r in range(rounds):
-        # rotate the order every round so no candidate always runs first
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            t = candidates[name].timeit(numbers[name]) / numbers[name]
-            best[name] = min(best[name], t)
-    return best, numbers
-
-
-def _dynamo_frames_compiled() -> int:
-    """Graphs dynamo has compiled so far in this process (0 if dynamo never loaded)."""
-    if "torch._dynamo.utils" not in sys.modules:
-        return 0
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]  # +1 per (re)compile
 
 
 # --- main ------------------------------------------------------------------------------
@@ -214,7 +168,7 @@ def main(argv=None) -> int:
         for _ in range(torch_cond_warmup):
             torch_cond(x)
             torch.cond(p, f_true, f_false, (x,))
-        compiled_before = _dynamo_frames_compiled()
+        compiled_before = timing.dynamo_frames_compiled()
         dynamo_note = (
             f"torch.cond: dynamo {limit_name}={getattr(cfg, limit_name)}; first call in "
             f"this process {first * 1e3:.0f} ms (dynamo already imported: compile only); warm-up {torch_cond_warmup} "
@@ -224,9 +178,9 @@ def main(argv=None) -> int:
     rows = []  # (case, baseline stmt, baseline s, candidate name, candidate stmt, candidate s, target)
 
     def case(title, baseline, cands, fixed=None):
-        timers = {"baseline": _timer(baseline, ns)}
-        timers.update({name: _timer(stmt, ns) for name, stmt in cands.items()})
-        best, numbers = measure(timers, rounds, target_s, fixed)
+        timers = {"baseline": timing.timer(baseline, ns)}
+        timers.update({name: timing.timer(stmt, ns) for name, stmt in cands.items()})
+        best, numbers = timing.measure(timers, rounds, target_s, fixed)
         for name, stmt in cands.items():
             target = f"<= {COND_TARGET}x" if name == "torchcond.cond" else "-"
             rows.append((title, baseline, best["baseline"], name, stmt, best[name], target))
@@ -257,7 +211,7 @@ def main(argv=None) -> int:
     )
     elapsed = time.perf_counter() - t_start
 
-    recompiles = (_dynamo_frames_compiled() - compiled_before) if run_torch_cond else 0
+    recompiles = (timing.dynamo_frames_compiled() - compiled_before) if run_torch_cond else 0
 
     # --- report --------------------------------------------------------------------
     w_case = max(len(r[0]) for r in rows)
