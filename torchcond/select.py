@@ -3,12 +3,29 @@
 ``select(pred, true_values, false_values)`` returns, for each pair, the true value
 where ``pred`` holds and the false value elsewhere; ``select_n(index, cases)`` is the
 N-way form (``cases[k]`` is branch ``k``'s outputs; the index is clamped like
-``switch``). ``pred``/``index`` is either a 0-d device tensor (no host sync) or has a
-shape that is a prefix of every value's shape (one choice per leading element, as
-under vmap).
+``switch``). ``pred``/``index`` is either a 0-d tensor (on the values' device, read
+there with no host sync; or on the CPU, read on the host for free) or has a shape
+that is a prefix of every value's shape (one choice per leading element, as under
+vmap).
 
-REFERENCE IMPLEMENTATION (torch.where): the fused C++/CUDA kernels replace the body
-of ``_select_impl``/``_select_n_impl``; the public signatures and checks stay.
+Both are the C++/CUDA operators ``torch.ops.torchcond.select`` and
+``torch.ops.torchcond.select_n`` (``csrc/``): one parallel loop (CPU) or one kernel
+launch (CUDA) for all outputs, each element reading only the side it selects. This
+module registers their Python rules with ``torch.library``:
+
+* ``register_fake``: fresh contiguous outputs shaped like the values (tracing, export,
+  ``torch.compile``, meta tensors);
+* ``register_autograd``: the gradient goes to the selected side and is zero on the
+  other (computed with the select op itself against a stride-0 zero, so no ``NaN``
+  or ``Inf`` from the unselected side's cotangent can leak); none for the selector;
+* ``register_vmap``: batch dims to the front; a batched selector expands unbatched
+  values, batched values expand an unbatched (non-0-d) selector.
+
+``register_autograd`` gives a C++-defined op an old-style ``autograd.Function`` that
+``torch.func.grad``/``jvp`` refuse, with no forward-mode formula. So when an input is
+wrapped by a ``torch.func`` transform or carries a forward-mode tangent, ``select``
+and ``select_n`` call the same op through new-style ``autograd.Function``s (same
+backward, plus a jvp: the select of the tangents; vmap rule generated from the op's).
 """
 
 from __future__ import annotations
@@ -17,46 +34,136 @@ from collections.abc import Sequence
 
 import torch
 
+from . import _compat
 from .errors import CondArgumentError
+
+__all__ = ["select", "select_n"]
+
+_OPS = torch.ops.torchcond
+# The extension always defines both (ABI 2); a stale build falls back to torch.where.
+_HAVE_KERNELS = hasattr(_OPS, "select") and hasattr(_OPS, "select_n")
+if _HAVE_KERNELS:
+    _SELECT = _OPS.select.default
+    _SELECT_N = _OPS.select_n.default
+
+
+# --- public functions ------------------------------------------------------------------
+#
+# Plain eager calls (no tracing, no torch.func transform, no forward AD) go straight to
+# the operator, which checks its arguments in C++; the Python checks below run only
+# when it raises, to turn the user's mistake into a CondArgumentError with the same
+# message. While tracing (fake tensors do not check shapes) they run first.
+
+# What the operator raises for bad arguments (TORCH_CHECK_VALUE/TYPE, the argument
+# parser) or an attribute a non-tensor lacks.
+_OP_ERRORS = (RuntimeError, TypeError, ValueError, AttributeError, IndexError)
 
 
 def select(pred: torch.Tensor, true_values: Sequence[torch.Tensor], false_values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``[where(pred, t, f) for t, f in zip(true_values, false_values)]``, fused.
+
+    ``pred``: a bool tensor, 0-d or shaped like a prefix of every value's shape.
+    Returns fresh contiguous tensors. Each element reads only the value it selects.
+    """
     true_values, false_values = list(true_values), list(false_values)
+    if _HAVE_KERNELS and not _compat.tracing():
+        try:
+            return _select_eager(pred, true_values, false_values)
+        except _OP_ERRORS:
+            _check_select(pred, true_values, false_values)  # raises CondArgumentError if it is the arguments
+            raise
+    _check_select(pred, true_values, false_values)
+    if not _HAVE_KERNELS:
+        return _select_reference(pred, true_values, false_values)
+    return _select_differentiable(pred, true_values, false_values)
+
+
+def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
+    """Output ``i`` is ``cases[clamp(index, 0, len(cases) - 1)][i]``, elementwise, fused.
+
+    ``index``: an integer tensor, 0-d or shaped like a prefix of every value's shape.
+    """
+    cases = [list(c) for c in cases]
+    if _HAVE_KERNELS and cases and not _compat.tracing():
+        flat = [v for c in cases for v in c]
+        if all(len(c) == len(cases[0]) for c in cases):
+            try:
+                return _select_n_eager(index, flat, len(cases))
+            except _OP_ERRORS:
+                _check_select_n(index, cases)
+                raise
+    _check_select_n(index, cases)
+    if not _HAVE_KERNELS:
+        return _select_n_reference(index, cases)
+    return _select_n_differentiable(index, [v for c in cases for v in c], len(cases))
+
+
+def _select_eager(pred, true_values, false_values):
+    if _compat.transforms_active():
+        return _select_differentiable(pred, true_values, false_values)
+    if torch.is_grad_enabled() and (
+        any(v.requires_grad for v in true_values) or any(v.requires_grad for v in false_values)
+    ):
+        return _SELECT(pred, true_values, false_values)  # the operator's autograd rule
+    with _compat.below_autograd():  # what that rule does when no input needs a gradient
+        return _SELECT(pred, true_values, false_values)
+
+
+def _select_n_eager(index, flat, num_branches):
+    if _compat.transforms_active():
+        return _select_n_differentiable(index, flat, num_branches)
+    if torch.is_grad_enabled() and any(v.requires_grad for v in flat):
+        return _SELECT_N(index, flat, num_branches)
+    with _compat.below_autograd():
+        return _SELECT_N(index, flat, num_branches)
+
+
+# --- argument checks -------------------------------------------------------------------
+
+
+def _check_select(pred, true_values, false_values) -> None:
     _check_selector(pred, "pred", integer=False)
     if len(true_values) != len(false_values):
         raise CondArgumentError(
             f"select: true_values has {len(true_values)} tensors, false_values has "
-            f"{len(false_values)}; they must pair up"
+            f"{len(false_values)}; they must pair up (one true and one false value per output)"
         )
     _check_cases(pred, "pred", [true_values, false_values], ["true_values", "false_values"])
-    return _select_impl(pred, true_values, false_values)
 
 
-def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
-    cases = [list(c) for c in cases]
+def _check_select_n(index, cases) -> None:
     if not cases:
-        raise CondArgumentError("select_n: cases is empty; give at least one branch's outputs")
+        raise CondArgumentError(
+            "select_n: cases: expected at least one branch's outputs, found an empty sequence"
+        )
     _check_selector(index, "index", integer=True)
     for k, c in enumerate(cases[1:], 1):
         if len(c) != len(cases[0]):
             raise CondArgumentError(
-                f"select_n: cases[{k}] has {len(c)} tensors, cases[0] has {len(cases[0])}"
+                f"select_n: cases[{k}] has {len(c)} tensors, cases[0] has {len(cases[0])}; "
+                "every branch must give the same number of outputs"
             )
     _check_cases(index, "index", cases, [f"cases[{k}]" for k in range(len(cases))])
-    return _select_n_impl(index, cases)
 
 
 def _check_selector(sel, name: str, integer: bool) -> None:
     if not isinstance(sel, torch.Tensor):
         raise CondArgumentError(f"{name}: expected a tensor, found {type(sel).__name__}")
-    ok = (sel.dtype is not torch.bool and not sel.dtype.is_floating_point and not sel.dtype.is_complex) if integer else sel.dtype is torch.bool
+    dtype = sel.dtype
+    if integer:
+        ok = dtype is not torch.bool and not dtype.is_floating_point and not dtype.is_complex
+    else:
+        ok = dtype is torch.bool
     if not ok:
         want = "an integer dtype" if integer else "dtype torch.bool"
-        raise CondArgumentError(f"{name}: expected {want}, found {sel.dtype}")
+        raise CondArgumentError(f"{name}: expected {want}, found {dtype}")
 
 
 def _check_cases(sel, name, cases, labels) -> None:
     first = cases[0]
+    sel_shape = tuple(sel.shape)
+    sel_dim = len(sel_shape)
+    sel_device = sel.device
     for label, values in zip(labels, cases):
         for i, (v, ref) in enumerate(zip(values, first)):
             if not isinstance(v, torch.Tensor):
@@ -66,27 +173,373 @@ def _check_cases(sel, name, cases, labels) -> None:
                     f"{label}[{i}]: expected shape {tuple(ref.shape)}, {ref.dtype} on {ref.device} "
                     f"(as {labels[0]}[{i}]), found shape {tuple(v.shape)}, {v.dtype} on {v.device}"
                 )
-            if sel.dim() and tuple(v.shape[: sel.dim()]) != tuple(sel.shape):
-                raise CondArgumentError(
-                    f"{name}: its shape {tuple(sel.shape)} must be a prefix of every value's "
-                    f"shape; {label}[{i}] has shape {tuple(v.shape)}"
-                )
+    for i, ref in enumerate(first):
+        if ref.device != first[0].device:
+            raise CondArgumentError(
+                f"{labels[0]}[{i}]: expected a tensor on {first[0].device} (the device of "
+                f"{labels[0]}[0]; every value must be on one device), found one on {ref.device}"
+            )
+        if sel_dim and tuple(ref.shape[:sel_dim]) != sel_shape:
+            raise CondArgumentError(
+                f"{name}: expected a 0-d tensor or one whose shape is a prefix of every "
+                f"value's shape; its shape {sel_shape} is not a prefix of {labels[0]}[{i}]'s "
+                f"shape {tuple(ref.shape)}"
+            )
+        if sel_device != ref.device and (sel_dim or sel_device.type != "cpu"):
+            raise CondArgumentError(
+                f"{name}: expected a tensor on {ref.device} (the device of {labels[0]}[{i}]) "
+                f"or a 0-d CPU tensor, found shape {sel_shape} on {sel_device}"
+            )
+
+
+# --- torch.func transforms and forward-mode AD ----------------------------------------
+#
+# ``register_autograd`` gives a C++-defined op an old-style autograd.Function, which
+# functorch's grad/jvp transforms refuse, and it has no forward-mode formula. When an
+# input is wrapped by a torch.func transform or carries a forward-mode tangent, the
+# public functions go through the autograd.Functions below instead: same op, same
+# backward, plus a jvp, and a vmap rule generated from the op's own.
+
+
+def _needs_function(sel, values) -> bool:
+    # dynamo records the operator itself (with its registered autograd and vmap rules)
+    # and cannot trace functorch's wrapper queries
+    if _compat.is_dynamo_compiling() or not _compat.transforms_active():
+        return False
+    wrapped = _compat.is_functorch_wrapped
+    if wrapped(sel) or any(wrapped(v) for v in values):
+        return True
+    has = _compat.has_tangent  # returns at once when no forward-AD level is active
+    return has(sel) or any(has(v) for v in values)
+
+
+def _select_differentiable(pred, true_values, false_values) -> list[torch.Tensor]:
+    if not true_values:
+        return []
+    if _needs_function(pred, (*true_values, *false_values)):
+        return list(_SelectFunction.apply(pred, len(true_values), *true_values, *false_values))
+    return _OPS.select(pred, true_values, false_values)
+
+
+def _select_n_differentiable(index, flat, num_branches) -> list[torch.Tensor]:
+    if not flat:
+        return []
+    if _needs_function(index, flat):
+        return list(_SelectNFunction.apply(index, num_branches, *flat))
+    return _OPS.select_n(index, flat, num_branches)
+
+
+def _meta(values):
+    """What a zero tangent needs (shape, dtype, device), without keeping the tensors alive."""
+    return [(v.shape, v.dtype, v.device) for v in values]
+
+
+def _tangent_or_zero(tangent, meta):
+    if tangent is not None:
+        return tangent
+    shape, dtype, device = meta
+    return torch.zeros((), dtype=dtype, device=device).expand(shape)
+
+
+class _SelectFunction(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(pred, n, *values):
+        return tuple(_OPS.select(pred, list(values[:n]), list(values[n:])))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pred, n, *values = inputs
+        ctx.save_for_backward(pred)
+        ctx.save_for_forward(pred)
+        ctx.n = n
+        ctx.meta = _meta(values)  # for zero tangents (jvp)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        (pred,) = ctx.saved_tensors
+        n = ctx.n
+        need = ctx.needs_input_grad[2:]
+        grad_true, grad_false = _select_grads(
+            pred, grads, need[:n], need[n:], _select_differentiable
+        )
+        return (None, None, *grad_true, *grad_false)
+
+    @staticmethod
+    def jvp(ctx, pred_tangent, n_tangent, *tangents):
+        (pred,) = ctx.saved_tensors
+        n = ctx.n
+        tangents = [_tangent_or_zero(t, m) for t, m in zip(tangents, ctx.meta)]
+        return tuple(_select_differentiable(pred, tangents[:n], tangents[n:]))
+
+
+class _SelectNFunction(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(index, num_branches, *flat):
+        return tuple(_OPS.select_n(index, list(flat), num_branches))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        index, num_branches, *flat = inputs
+        ctx.save_for_backward(index)
+        ctx.save_for_forward(index)
+        ctx.num_branches = num_branches
+        ctx.meta = _meta(flat)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        (index,) = ctx.saved_tensors
+        need = ctx.needs_input_grad[2:]
+        result = _select_n_grads(index, grads, ctx.num_branches, need, _select_n_differentiable)
+        return (None, None, *result)
+
+    @staticmethod
+    def jvp(ctx, index_tangent, nb_tangent, *tangents):
+        (index,) = ctx.saved_tensors
+        tangents = [_tangent_or_zero(t, m) for t, m in zip(tangents, ctx.meta)]
+        return tuple(_select_n_differentiable(index, tangents, ctx.num_branches))
+
+
+# --- reference path (torch.where): only for a stale extension without the ops --------
 
 
 def _expand_to(sel: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return sel.reshape(tuple(sel.shape) + (1,) * (value.dim() - sel.dim())).to(value.device)
 
 
-def _select_impl(pred, true_values, false_values):
-    return [torch.where(_expand_to(pred, t), t, f) for t, f in zip(true_values, false_values)]
+def _select_reference(pred, true_values, false_values):
+    return [
+        torch.where(_expand_to(pred, t), t, f).contiguous()
+        for t, f in zip(true_values, false_values)
+    ]
 
 
-def _select_n_impl(index, cases):
+def _select_n_reference(index, cases):
     index = index.clamp(0, len(cases) - 1)
     outs = []
     for i in range(len(cases[0])):
         out = cases[-1][i]
         for k in range(len(cases) - 2, -1, -1):
             out = torch.where(_expand_to(index == k, out), cases[k][i], out)
-        outs.append(out)
+        outs.append(out.contiguous() if len(cases) > 1 else out.clone(memory_format=torch.contiguous_format))
     return outs
+
+
+# --- operator registrations ------------------------------------------------------------
+
+
+def _zeros(like: torch.Tensor) -> torch.Tensor:
+    """A zero shaped like ``like`` that costs one element (stride 0)."""
+    return torch.zeros((), dtype=like.dtype, device=like.device).expand(like.shape)
+
+
+def _fake_check_devices(op, sel, sel_name, values, label) -> None:
+    """The kernels' device rules, for fake/meta calls (which mixed devices reach)."""
+    if not values:
+        return
+    device = values[0].device
+    for j, v in enumerate(values):
+        if v.device != device:
+            raise CondArgumentError(
+                f"{op}: {label(j)}: expected a tensor on {device} (the device of {label(0)}; "
+                f"every value must be on one device), found one on {v.device}"
+            )
+    if sel.device != device and (sel.dim() or sel.device.type != "cpu"):
+        raise CondArgumentError(
+            f"{op}: {sel_name}: expected a tensor on {device} (the device of {label(0)}) or "
+            f"a 0-d CPU tensor, found one of shape {tuple(sel.shape)} on {sel.device}"
+        )
+
+
+def _select_fake(pred, true_values, false_values):
+    op = "torchcond::select"
+    if len(true_values) != len(false_values):
+        raise CondArgumentError(
+            f"{op}: true_values has {len(true_values)} tensors, false_values has "
+            f"{len(false_values)}; they must pair up"
+        )
+    n = len(true_values)
+    values = [*true_values, *false_values]
+    label = lambda j: f"true_values[{j}]" if j < n else f"false_values[{j - n}]"  # noqa: E731
+    _fake_check_devices(op, pred, "pred", values, label)
+    return [t.new_empty(t.shape) for t in true_values]
+
+
+def _select_n_fake(index, cases, num_branches):
+    op = "torchcond::select_n"
+    if num_branches < 1:
+        raise CondArgumentError(f"{op}: num_branches: expected at least 1, found {num_branches}")
+    if len(cases) % num_branches:
+        raise CondArgumentError(
+            f"{op}: cases: expected a multiple of num_branches ({num_branches}) tensors, "
+            f"found {len(cases)} tensors"
+        )
+    _fake_check_devices(op, index, "index", cases, lambda j: f"cases[{j}]")
+    n_out = len(cases) // num_branches
+    return [c.new_empty(c.shape) for c in cases[:n_out]]
+
+
+def _select_setup_context(ctx, inputs, output):
+    pred = inputs[0]
+    ctx.save_for_backward(pred)
+    ctx.set_materialize_grads(False)  # outputs without a gradient arrive as None
+
+
+def _select_grads(pred, grads, need_true, need_false, select_fn):
+    """Gradients of select's values: the cotangent on the selected side, zero elsewhere."""
+    n = len(grads)
+    to_true = [i for i in range(n) if grads[i] is not None and need_true[i]]
+    to_false = [i for i in range(n) if grads[i] is not None and need_false[i]]
+    grad_true: list = [None] * n
+    grad_false: list = [None] * n
+    if to_true or to_false:
+        zeros = {i: _zeros(grads[i]) for i in (*to_true, *to_false)}
+        # One select for both sides: where pred holds the true side gets the cotangent
+        # and the false side zero, and the other way around elsewhere.
+        outs = select_fn(
+            pred,
+            [grads[i] for i in to_true] + [zeros[i] for i in to_false],
+            [zeros[i] for i in to_true] + [grads[i] for i in to_false],
+        )
+        for k, i in enumerate(to_true):
+            grad_true[i] = outs[k]
+        for k, i in enumerate(to_false):
+            grad_false[i] = outs[len(to_true) + k]
+    return grad_true, grad_false
+
+
+def _select_n_grads(index, grads, nb, need, select_n_fn):
+    """Gradients of select_n's cases (flat, branch-major)."""
+    n = len(grads)
+    pairs = [(k, i) for k in range(nb) for i in range(n) if grads[i] is not None and need[k * n + i]]
+    result: list = [None] * (nb * n)
+    if pairs:
+        zeros = {i: _zeros(grads[i]) for _, i in pairs}
+        # Output (k, i) is branch k's gradient for output i: the cotangent where the
+        # index picks k, zero elsewhere. Branch j of that select is the cotangent
+        # when j == k, else the zero.
+        flat = [grads[i] if j == k else zeros[i] for j in range(nb) for k, i in pairs]
+        outs = select_n_fn(index, flat, nb)
+        for m, (k, i) in enumerate(pairs):
+            result[k * n + i] = outs[m]
+    return result
+
+
+def _select_backward(ctx, grads):
+    (pred,) = ctx.saved_tensors
+    _, need_true, need_false = ctx.needs_input_grad
+    grad_true, grad_false = _select_grads(pred, grads, need_true, need_false, _OPS.select)
+    return None, grad_true, grad_false
+
+
+def _select_n_setup_context(ctx, inputs, output):
+    index, _, num_branches = inputs
+    ctx.save_for_backward(index)
+    ctx.num_branches = num_branches
+    ctx.set_materialize_grads(False)
+
+
+def _select_n_backward(ctx, grads):
+    (index,) = ctx.saved_tensors
+    _, need, _ = ctx.needs_input_grad
+    return None, _select_n_grads(index, grads, ctx.num_branches, need, _OPS.select_n), None
+
+
+def _to_front(value: torch.Tensor, bdim, batch_size: int) -> torch.Tensor:
+    if bdim is None:
+        return value.expand(batch_size, *value.shape)
+    return value.movedim(bdim, 0)
+
+
+def _vmap_calls(sel, sel_bdim, groups, batch_size):
+    """Op calls that compute a vmapped select: ``[(selector, outputs, values, batched)]``.
+
+    ``groups``: per output, the ``(value, bdim)`` of each branch. Each call gives the
+    selector, which outputs it computes, their per-branch values in a layout the op
+    accepts, and whether those outputs carry the batch dim (at 0).
+
+    * A batched selector goes to the front, and every value gets a front batch dim
+      (expanded, without a copy, when unbatched).
+    * An unbatched 0-d selector applies to every example: one call; outputs whose
+      values are all unbatched stay unbatched.
+    * An unbatched shaped selector is expanded with a front batch dim for the outputs
+      with a batched value (so its shape stays a prefix of theirs) and used as is for
+      the others: up to two calls.
+    """
+    if sel_bdim is not None:
+        sel = sel.movedim(sel_bdim, 0)
+        values = [[_to_front(v, d, batch_size) for v, d in g] for g in groups]
+        return [(sel, list(range(len(groups))), values, True)]
+    is_batched = [any(d is not None for _, d in g) for g in groups]
+    batched = [i for i, b in enumerate(is_batched) if b]
+    plain = [i for i, b in enumerate(is_batched) if not b]
+    fronted = {i: [_to_front(v, d, batch_size) for v, d in groups[i]] for i in batched}
+    if sel.dim() == 0:
+        values = [fronted[i] if is_batched[i] else [v for v, _ in groups[i]] for i in range(len(groups))]
+        return [(sel, list(range(len(groups))), values, is_batched)]
+    calls = []
+    if batched:
+        sel_b = sel.expand(batch_size, *sel.shape)
+        calls.append((sel_b, batched, [fronted[i] for i in batched], True))
+    if plain:
+        calls.append((sel, plain, [[v for v, _ in groups[i]] for i in plain], False))
+    return calls
+
+
+def _run_vmap_calls(op_call, sel, sel_bdim, groups, batch_size):
+    n = len(groups)
+    outputs: list = [None] * n
+    out_dims: list = [None] * n
+    for s, which, values, batched in _vmap_calls(sel, sel_bdim, groups, batch_size):
+        outs = op_call(s, values)
+        for m, (i, out) in enumerate(zip(which, outs)):
+            outputs[i] = out
+            flag = batched if isinstance(batched, bool) else batched[m]
+            out_dims[i] = 0 if flag else None
+    return outputs, out_dims
+
+
+def _select_vmap(info, in_dims, pred, true_values, false_values):
+    pred_bdim, true_bdims, false_bdims = in_dims
+    groups = [
+        [(t, dt), (f, df)]
+        for t, f, dt, df in zip(true_values, false_values, true_bdims, false_bdims)
+    ]
+
+    def call(sel, values):
+        return _OPS.select(sel, [v[0] for v in values], [v[1] for v in values])
+
+    return _run_vmap_calls(call, pred, pred_bdim, groups, info.batch_size)
+
+
+def _select_n_vmap(info, in_dims, index, cases, num_branches):
+    index_bdim, case_bdims, _ = in_dims
+    n = len(cases) // num_branches
+    groups = [
+        [(cases[k * n + i], case_bdims[k * n + i]) for k in range(num_branches)]
+        for i in range(n)
+    ]
+
+    def call(sel, values):
+        flat = [v[k] for k in range(num_branches) for v in values]
+        return _OPS.select_n(sel, flat, num_branches)
+
+    return _run_vmap_calls(call, index, index_bdim, groups, info.batch_size)
+
+
+if _HAVE_KERNELS:
+    torch.library.register_fake("torchcond::select")(_select_fake)
+    torch.library.register_fake("torchcond::select_n")(_select_n_fake)
+    torch.library.register_autograd(
+        "torchcond::select", _select_backward, setup_context=_select_setup_context
+    )
+    torch.library.register_autograd(
+        "torchcond::select_n", _select_n_backward, setup_context=_select_n_setup_context
+    )
+    torch.library.register_vmap("torchcond::select", _select_vmap)
+    torch.library.register_vmap("torchcond::select_n", _select_n_vmap)

@@ -531,3 +531,22 @@ class FunctionalWrappers(torch.overrides.TorchFunctionMode):
     def outer(self, value):
         hit = self._by_inner.get(id(value))
         return value if hit is None else hit[1]
+
+
+# --- fused select fast path ------------------------------------------------------------
+
+
+import torch.autograd.forward_ad as _forward_ad  # noqa: E402
+
+_peek_interpreter_stack = torch._C._functorch.peek_interpreter_stack
+
+
+def transforms_active() -> bool:
+    """True while a torch.func transform (grad, jvp, vmap, ...) or a forward-AD level is active.
+
+    One C call and one attribute read: the select fast path asks it once per call
+    instead of inspecting every tensor. Run on torch 2.13; both names predate 2.11
+    (``peek_interpreter_stack`` since 2.0, ``forward_ad._current_level`` since 1.9)
+    but this module has not been run on 2.11 yet.
+    """
+    return _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0

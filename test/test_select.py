@@ -1,0 +1,810 @@
+"""The fused select operators: torchcond.select.select / select_n and their C++/CUDA kernels.
+
+Every result is compared with a torch.where reference. CUDA tests run only where
+torch.cuda.is_available(); on CPU-only machines the CUDA kernel and its launcher are
+still exercised through ``torch.ops.torchcond._select_cuda_emulated``, which runs the
+same kernel code on the CPU one (block, thread) at a time.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import torchcond  # noqa: F401  (loads the extension)
+from torchcond import CondArgumentError
+from torchcond.select import select, select_n
+
+OPS = torch.ops.torchcond
+CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(
+    not CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)"
+)
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+ALL_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+]
+INDEX_DTYPES = [
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.uint16,
+    torch.int32,
+    torch.uint32,
+    torch.int64,
+    torch.uint64,
+]
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def rand(shape, dtype=torch.float32, device="cpu", seed=None):
+    g = torch.Generator().manual_seed(seed if seed is not None else hash((tuple(shape), str(dtype))) % 2**31)
+    if dtype is torch.bool:
+        x = torch.rand(shape, generator=g) > 0.5
+    elif dtype.is_complex:
+        x = torch.randn(shape, generator=g, dtype=dtype)
+    elif dtype.is_floating_point:
+        x = torch.randn(shape, generator=g).to(dtype)
+    else:
+        x = torch.randint(0, 100, shape, generator=g).to(dtype)
+    return x.to(device)
+
+
+def broadcast_sel(sel, value):
+    return sel.reshape(tuple(sel.shape) + (1,) * (value.dim() - sel.dim()))
+
+
+def ref_select(pred, ts, fs):
+    return [torch.where(broadcast_sel(pred, t).to(t.device), t, f) for t, f in zip(ts, fs)]
+
+
+def ref_select_n(index, cases):
+    nb = len(cases)
+    clamped = torch.tensor(
+        [min(max(int(v), 0), nb - 1) for v in index.flatten().tolist()], dtype=torch.int64
+    ).reshape(index.shape)
+    outs = []
+    for i in range(len(cases[0])):
+        out = cases[-1][i]
+        for k in range(nb - 2, -1, -1):
+            out = torch.where(broadcast_sel(clamped == k, out).to(out.device), cases[k][i], out)
+        outs.append(out)
+    return outs
+
+
+def ref_select_n_on(device, index, cases):
+    """ref_select_n computed on the CPU, moved to ``device``."""
+    refs = ref_select_n(index.cpu(), [[v.cpu() for v in c] for c in cases])
+    return [r.to(device) for r in refs]
+
+
+def assert_same(outs, refs):
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert o.shape == r.shape and o.dtype == r.dtype and o.device == r.device
+        assert o.is_contiguous()
+        # equal bit for bit (NaN and -0.0 included): compare the raw bytes
+        as_bytes = lambda x: x.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
+        assert torch.equal(as_bytes(o), as_bytes(r))
+
+
+def emulated_select(pred, ts, fs):
+    *outs, launches = OPS._select_cuda_emulated(pred, list(ts) + list(fs), 2, True)
+    return outs, int(launches)
+
+
+def emulated_select_n(index, cases):
+    flat = [v for c in cases for v in c]
+    *outs, launches = OPS._select_cuda_emulated(index, flat, len(cases), False)
+    return outs, int(launches)
+
+
+# --- correctness -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("pred_kind", ["0d-true", "0d-false", "prefix", "full"])
+def test_select_matches_where(device, dtype, pred_kind):
+    shape = (6, 5, 7)
+    t, f = rand(shape, dtype, device, 1), rand(shape, dtype, device, 2)
+    pred = {
+        "0d-true": torch.tensor(True),
+        "0d-false": torch.tensor(False),
+        "prefix": torch.tensor([True, False, False, True, True, False]),
+        "full": rand(shape, torch.bool, seed=3),
+    }[pred_kind].to(device)
+    assert_same(select(pred, [t], [f]), ref_select(pred, [t], [f]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+def test_select_n_clamps_the_index(device, index_dtype):
+    signed = index_dtype.is_signed
+    values = [-7, -1, 0, 1, 2, 3, 9, 200] if signed else [0, 1, 2, 3, 9, 200, 0, 1]
+    if index_dtype is torch.int8 or index_dtype is torch.uint8:
+        values = [v for v in values if -128 <= v < 128]
+    index = torch.tensor(values, dtype=index_dtype, device=device)
+    cases = [
+        [rand((len(values), 3), torch.float32, device, k), rand((len(values),), torch.int64, device, 10 + k)]
+        for k in range(3)
+    ]
+    assert_same(select_n(index, cases), ref_select_n_on(device, index, cases))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("value", [-3, 0, 1, 2, 5])
+def test_select_n_scalar_index(device, value):
+    index = torch.tensor(value, device=device)
+    cases = [[rand((4, 5), torch.float64, device, k)] for k in range(3)]
+    (out,) = select_n(index, cases)
+    assert torch.equal(out, cases[min(max(value, 0), 2)][0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_n_one_branch_copies(device):
+    x = rand((3, 4), torch.float32, device).T
+    (out,) = select_n(torch.tensor(5, device=device), [[x]])
+    assert torch.equal(out, x) and out.is_contiguous() and out.data_ptr() != x.data_ptr()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex128, torch.int8, torch.bfloat16], ids=str)
+def test_non_contiguous_inputs(device, dtype):
+    base_t = rand((8, 12, 10), dtype, device, 1)
+    base_f = rand((10, 12, 8), dtype, device, 2)
+    t = base_t[:, ::2, 1:9]                            # sliced: (8, 6, 8)
+    f = base_f.permute(2, 1, 0)[:, 3:9, :8]            # transposed + sliced: (8, 6, 8)
+    e = rand((1, 6, 1), dtype, device, 3).expand(8, 6, 8)  # stride 0
+    pred_base = rand((16,), torch.bool, device, 4)
+    pred = pred_base[::2]                              # non-contiguous prefix selector
+    for tv, fv in [(t, f), (f, t), (t, e), (e, f), (e, e)]:
+        assert_same(select(pred, [tv], [fv]), ref_select(pred, [tv], [fv]))
+    full_pred = rand((8, 12), torch.bool, device, 5)[:, ::2]  # (8, 6), strided
+    assert_same(select(full_pred, [t, e], [f, t]), ref_select(full_pred, [t, e], [f, t]))
+    expanded_pred = torch.tensor([True, False], device=device)[:1].expand(8)  # stride 0 selector
+    assert_same(select(expanded_pred, [t], [f]), ref_select(expanded_pred, [t], [f]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_size_tensors(device):
+    t, f = rand((3, 0, 2), torch.float32, device), rand((3, 0, 2), torch.float32, device)
+    pred = torch.tensor([True, False, True], device=device)
+    (out,) = select(pred, [t], [f])
+    assert out.shape == (3, 0, 2) and out.device.type == device
+    empty_pred = torch.zeros((0,), dtype=torch.bool, device=device)
+    outs = select(empty_pred, [torch.ones(0, 4, device=device), torch.ones(0, device=device)], [torch.zeros(0, 4, device=device), torch.zeros(0, device=device)])
+    assert [o.shape for o in outs] == [(0, 4), (0,)]
+    # an empty output next to a non-empty one
+    a, b = rand((3, 4), torch.float32, device, 1), rand((3, 4), torch.float32, device, 2)
+    outs = select(pred, [t, a], [f, b])
+    assert outs[0].shape == (3, 0, 2)
+    assert torch.equal(outs[1], ref_select(pred, [a], [b])[0])
+    assert select(pred, [], []) == []
+    assert select_n(torch.tensor(1, device=device), [[], []]) == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rank_0_values(device):
+    t, f = torch.tensor(1.5, device=device), torch.tensor(-2.5, device=device)
+    assert select(torch.tensor(True, device=device), [t], [f])[0].item() == 1.5
+    assert select(torch.tensor(False, device=device), [t], [f])[0].item() == -2.5
+    (out,) = select_n(torch.tensor(7, device=device), [[t], [f]])
+    assert out.item() == -2.5 and out.shape == ()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_shapes_and_dtypes_across_outputs(device):
+    pred = torch.tensor([True, False, True, False], device=device)
+    shapes = [(4,), (4, 3), (4, 1, 5), (4, 2, 3, 2), (4, 1000)]
+    dtypes = [torch.float32, torch.int64, torch.complex64, torch.bool, torch.float16]
+    ts = [rand(s, d, device, i) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+    fs = [rand(s, d, device, 50 + i) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+    assert_same(select(pred, ts, fs), ref_select(pred, ts, fs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_outputs_in_one_call(device):
+    n = 40
+    pred = rand((5,), torch.bool, device, 0)
+    ts = [rand((5, 3 + i), torch.float32, device, i) for i in range(n)]
+    fs = [rand((5, 3 + i), torch.float32, device, 100 + i) for i in range(n)]
+    assert_same(select(pred, ts, fs), ref_select(pred, ts, fs))
+    index = torch.tensor([0, 2, 1, 2, 0], device=device)
+    cases = [ts[:20], fs[:20], [t + 1 for t in ts[:20]]]
+    assert_same(select_n(index, cases), ref_select_n_on(device, index, cases))
+
+
+def test_large_rows_and_threads_cover_every_element():
+    # big enough for several threads and the streaming-store path (>= 16 MiB written)
+    pred = rand((64,), torch.bool, seed=7)
+    ts = [rand((64, 25000), torch.float32, seed=i) for i in range(3)]
+    fs = [rand((64, 25000), torch.float32, seed=10 + i) for i in range(3)]
+    assert_same(select(pred, ts, fs), ref_select(pred, ts, fs))
+    # an odd itemsize boundary inside the range split between threads
+    t = rand((3, 1_000_003), torch.complex128, seed=1)
+    f = rand((3, 1_000_003), torch.complex128, seed=2)
+    assert_same(select(torch.tensor([False, True, False]), [t], [f]), ref_select(torch.tensor([False, True, False]), [t], [f]))
+
+
+def test_misaligned_data_pointers():
+    buf_t, buf_f = bytearray(4 * 1001), bytearray(4 * 1001)
+    t = torch.frombuffer(buf_t, dtype=torch.float32, offset=1, count=1000)
+    f = torch.frombuffer(buf_f, dtype=torch.float32, offset=3, count=1000)
+    t.copy_(torch.arange(1000.0))
+    f.copy_(-torch.arange(1000.0))
+    t2, f2 = t.view(10, 100), f.view(10, 100)
+    pred = rand((10,), torch.bool, seed=3)
+    assert_same(select(pred, [t2], [f2]), ref_select(pred, [t2], [f2]))
+    outs, _ = emulated_select(pred, [t2], [f2])
+    assert_same(outs, ref_select(pred, [t2], [f2]))
+
+
+# --- reads only the selected side ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unselected_side_is_never_seen(device):
+    pred = torch.tensor([True, False, True, False, True], device=device)
+    good = rand((5, 300), torch.float32, device, 1)
+    bad = torch.full((5, 300), float("nan"), device=device)
+    bad[:, ::2] = float("inf")
+    t = torch.where(broadcast_sel(pred, good), good, bad)   # garbage where not selected
+    f = torch.where(broadcast_sel(pred, good), bad, good)
+    (out,) = select(pred, [t], [f])
+    assert torch.equal(out, good)
+    assert torch.isfinite(out).all()
+    (out,) = select(torch.tensor(True, device=device), [good], [bad])
+    assert torch.isfinite(out).all()
+    index = torch.tensor([2, 0, 1, 0, 2], device=device)
+    cases = [[torch.where(broadcast_sel(index == k, good), good, bad)] for k in range(3)]
+    (out,) = select_n(index, cases)
+    assert torch.equal(out, good)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_gives_exact_zeros_to_the_unselected_side(device):
+    pred = torch.tensor([True, False, True], device=device)
+    t = rand((3, 4), torch.float64, device, 1).requires_grad_()
+    f = rand((3, 4), torch.float64, device, 2).requires_grad_()
+    (out,) = select(pred, [t], [f])
+    cot = torch.full((3, 4), float("inf"), dtype=torch.float64, device=device)
+    cot[1] = float("nan")
+    gt, gf = torch.autograd.grad(out, (t, f), cot)
+    mask = broadcast_sel(pred, t)
+    assert (gt[~mask.expand_as(gt)] == 0).all() and (gf[mask.expand_as(gf)] == 0).all()
+    assert torch.equal(gt[mask.expand_as(gt)], cot[mask.expand_as(cot)])
+    assert gf[~mask.expand_as(gf)].isnan().all()
+    # select_n: every branch but the chosen one gets exact zeros
+    index = torch.tensor([2, -1, 9], device=device)
+    cases = [[rand((3, 4), torch.float64, device, 10 + k).requires_grad_()] for k in range(3)]
+    (out,) = select_n(index, cases)
+    grads = torch.autograd.grad(out, [c[0] for c in cases], cot)
+    chosen = [2, 0, 2]
+    for k, g in enumerate(grads):
+        for row in range(3):
+            if chosen[row] == k:
+                assert_same([g[row]], [cot[row]])  # inf and nan passed through unchanged
+            else:
+                assert (g[row] == 0).all()
+
+
+def test_log_trap_gradient_is_finite_with_masked_inputs():
+    # where(x > 0, log(x), 0): the taken side only ever sees the cotangent of its own elements
+    x = torch.tensor([[2.0], [-1.0], [4.0]], dtype=torch.float64, requires_grad=True)
+    pred = (x > 0).reshape(3)
+    safe = select(pred, [x], [torch.ones_like(x)])[0]  # mask the input, as batching.py does
+    (out,) = select(pred, [safe.log()], [torch.zeros_like(x)])
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert torch.isfinite(g).all() and g[1].item() == 0.0
+
+
+# --- argument errors -----------------------------------------------------------------------
+
+
+def test_errors_name_the_argument():
+    t, f = torch.zeros(3, 4), torch.ones(3, 4)
+    pred = torch.tensor([True, False, True])
+    with pytest.raises(CondArgumentError, match=r"true_values has 2 tensors, false_values has 1"):
+        select(pred, [t, t], [f])
+    with pytest.raises(CondArgumentError, match=r"false_values\[0\]: expected shape \(3, 4\), torch.float32 on cpu \(as true_values\[0\]\), found shape \(3, 5\)"):
+        select(pred, [t], [torch.ones(3, 5)])
+    with pytest.raises(CondArgumentError, match=r"false_values\[0\]: expected .* found shape \(3, 4\), torch.float64"):
+        select(pred, [t], [f.double()])
+    with pytest.raises(CondArgumentError, match=r"pred: expected dtype torch.bool, found torch.int64"):
+        select(torch.tensor([1, 0, 1]), [t], [f])
+    with pytest.raises(CondArgumentError, match=r"pred: expected a 0-d tensor or one whose shape is a prefix .* \(4,\) is not a prefix of true_values\[0\]'s shape \(3, 4\)"):
+        select(torch.tensor([True, False, True, True]), [t], [f])
+    with pytest.raises(CondArgumentError, match=r"pred: expected a tensor, found bool"):
+        select(True, [t], [f])
+    with pytest.raises(CondArgumentError, match=r"true_values\[0\]: expected a tensor, found list"):
+        select(pred, [[1.0]], [f])
+    with pytest.raises(CondArgumentError, match=r"pred: expected a tensor on meta .* or a 0-d CPU tensor, found shape \(3,\) on cpu"):
+        select(pred, [t.to("meta")], [f.to("meta")])
+    with pytest.raises(CondArgumentError, match=r"index: expected an integer dtype, found torch.float32"):
+        select_n(torch.tensor(1.0), [[t], [f]])
+    with pytest.raises(CondArgumentError, match=r"index: expected an integer dtype, found torch.bool"):
+        select_n(torch.tensor(True), [[t], [f]])
+    with pytest.raises(CondArgumentError, match=r"cases: expected at least one branch's outputs"):
+        select_n(torch.tensor(1), [])
+    with pytest.raises(CondArgumentError, match=r"cases\[1\] has 2 tensors, cases\[0\] has 1"):
+        select_n(torch.tensor(1), [[t], [f, f]])
+    with pytest.raises(CondArgumentError, match=r"cases\[2\]\[0\]: expected shape \(3, 4\)"):
+        select_n(torch.tensor(1), [[t], [f], [torch.ones(4, 3)]])
+
+
+def test_operator_errors_name_the_argument():
+    t, f = torch.zeros(3, 4), torch.ones(3, 4)
+    pred = torch.tensor([True, False, True])
+    with pytest.raises(ValueError, match=r"torchcond::select: true_values has 1 tensors, false_values has 2"):
+        OPS.select(pred, [t], [f, f])
+    with pytest.raises(TypeError, match=r"torchcond::select: pred: expected dtype torch.bool, found torch.int32"):
+        OPS.select(pred.int(), [t], [f])
+    with pytest.raises(ValueError, match=r"false_values\[0\]: expected shape \(3, 4\), torch.float32 on cpu \(as true_values\[0\]\), found shape \(3, 4\), torch.float64 on cpu"):
+        OPS.select(pred, [t], [f.double()])
+    with pytest.raises(ValueError, match=r"pred: expected a 0-d tensor or one whose shape is a prefix .* \(3,\) is not a prefix of the shape \(4, 3\) of true_values\[0\]"):
+        OPS.select(pred, [t.T], [f.T])
+    with pytest.raises(ValueError, match=r"num_branches: expected at least 1, found 0"):
+        OPS.select_n(torch.tensor(0), [], 0)
+    with pytest.raises(ValueError, match=r"cases: expected a multiple of num_branches \(2\) tensors.* found 3"):
+        OPS.select_n(torch.tensor(0), [t, f, t], 2)
+    with pytest.raises(TypeError, match=r"index: expected an integer dtype .* found torch.float32"):
+        OPS.select_n(torch.tensor(0.0), [t, f], 2)
+    with pytest.raises(ValueError, match=r"cases\[3\] \(branch 1, output 1\): expected shape \(3,\)"):
+        OPS.select_n(torch.tensor(0), [t, torch.ones(3), f, torch.ones(4)], 2)
+    # mixed with meta tensors, the call reaches the fake kernel, which checks devices too
+    with pytest.raises((ValueError, TypeError), match=r"true_values\[1\]: expected a tensor on cpu \(the device of true_values\[0\]; every value must be on one device\), found one on meta"):
+        OPS.select(torch.tensor(True), [t, t.to("meta")], [f, f.to("meta")])
+    with pytest.raises((ValueError, TypeError), match=r"index: expected a tensor on meta .* or a 0-d CPU tensor, found one of shape \(3,\) on cpu"):
+        OPS.select_n(torch.tensor([0, 1, 0]), [t.to("meta"), f.to("meta")], 2)
+
+
+# --- registrations: opcheck, fake tensors, autograd, vmap, torch.func ---------------------
+
+
+def _opcheck_samples():
+    p = torch.tensor([True, False, True])
+    t = torch.randn(3, 4, requires_grad=True)
+    f = torch.randn(3, 4, requires_grad=True)
+    u = torch.randn(3, dtype=torch.float64)
+    v = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    i = torch.randint(0, 5, (3, 2))
+    yield OPS.select.default, (p, [t, u], [f, v])
+    yield OPS.select.default, (torch.tensor(False), [t, i], [f, i + 1])
+    yield OPS.select.default, (p, [t.detach().T.contiguous().T], [torch.zeros(()).expand(3, 4)])
+    w = (t * 2).detach().requires_grad_()
+    yield OPS.select_n.default, (torch.tensor([0, 5, -1]), [t, u, f, v, w, u], 3)
+    yield OPS.select_n.default, (torch.tensor(1, dtype=torch.int32), [t, f], 2)
+
+
+@pytest.mark.parametrize("sample", list(range(5)))
+def test_opcheck(sample):
+    op, args = list(_opcheck_samples())[sample]
+    torch.library.opcheck(op, args)
+
+
+def test_fake_and_meta_outputs_are_contiguous_and_shaped_like_the_values():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        t = torch.empty(5, 3).T
+        outs = OPS.select(torch.empty(3, dtype=torch.bool), [t, torch.empty(3, 2, dtype=torch.int8)], [t, torch.empty(3, 2, dtype=torch.int8)])
+    assert [tuple(o.shape) for o in outs] == [(3, 5), (3, 2)]
+    assert all(o.is_contiguous() for o in outs) and outs[1].dtype is torch.int8
+    m = torch.empty(4, 2, device="meta")
+    (out,) = OPS.select_n(torch.empty((), dtype=torch.int64, device="meta"), [m, m, m], 3)
+    assert out.device.type == "meta" and out.shape == (4, 2)
+
+
+def test_traced_graph_holds_the_operators():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(p, i, x, y):
+        a = select(p, [x], [y])[0]
+        b = select_n(i, [[x], [y], [a]])[0]
+        return a + b
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.tensor([True, False]), torch.tensor(2), torch.randn(2, 3), torch.randn(2, 3))
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert OPS.select.default in targets and OPS.select_n.default in targets
+    args = (torch.tensor([False, True]), torch.tensor(1), torch.randn(2, 3), torch.randn(2, 3))
+    assert torch.equal(gm(*args), f(*args))
+
+
+def test_torch_compile_fullgraph_and_export():
+    def f(p, i, x, y):
+        a = select(p, [x], [y])[0]
+        return select_n(i, [[a], [y], [x]])[0] * 2
+
+    args = (torch.tensor([True, False]), torch.tensor(1), torch.randn(2, 3), torch.randn(2, 3))
+    assert torch.equal(torch.compile(f, backend="eager", fullgraph=True)(*args), f(*args))
+    x = torch.randn(2, 3, requires_grad=True)
+    g = torch.compile(lambda p, x, y: select(p, [x], [y])[0].sum(), backend="aot_eager", fullgraph=True)
+    g(args[0], x, args[3]).backward()
+    assert torch.equal(x.grad, torch.tensor([[1.0] * 3, [0.0] * 3]))
+
+    class M(torch.nn.Module):
+        def forward(self, p, x, y):
+            return select(p, [x], [y])[0]
+
+    ep = torch.export.export(M(), (args[0], args[2], args[3]))
+    assert OPS.select.default in {n.target for n in ep.graph.nodes if n.op == "call_function"}
+    assert torch.equal(ep.module()(args[0], args[2], args[3]), torch.where(args[0][:, None], args[2], args[3]))
+
+
+def test_gradcheck_select():
+    pred = torch.tensor([True, False, True])
+    t = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    f = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    s = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    fn = lambda t, f, s: tuple(select(pred, [t, s, t * 2], [f, s.exp(), f]))  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (t, f, s))
+    assert torch.autograd.gradgradcheck(fn, (t, f, s))
+    fn0 = lambda t, f: tuple(select(torch.tensor(False), [t], [f]))  # noqa: E731
+    assert torch.autograd.gradcheck(fn0, (t, f))
+
+
+def test_gradcheck_select_n():
+    index = torch.tensor([3, -1, 1])
+    cases = [torch.randn(3, 2, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    fn = lambda a, b, c: tuple(select_n(index, [[a, a.sum(1)], [b, b[:, 0]], [c * c, c[:, 1]]]))  # noqa: E731
+    assert torch.autograd.gradcheck(fn, tuple(cases))
+    assert torch.autograd.gradgradcheck(fn, tuple(cases))
+
+
+def test_outputs_without_gradient_and_integer_outputs():
+    pred = torch.tensor([True, False])
+    t = torch.randn(2, 3, requires_grad=True)
+    ints = torch.arange(6).reshape(2, 3)
+    a, b, c = select(pred, [t, ints, t], [t.detach(), ints, t * 3])
+    assert b.dtype is torch.int64 and not b.requires_grad
+    (g,) = torch.autograd.grad(a.sum(), t)  # c gets no gradient
+    assert torch.equal(g, torch.tensor([[1.0] * 3, [0.0] * 3]))
+
+
+def test_forward_mode_ad_and_torch_func():
+    pred = torch.tensor([True, False, True])
+    x, y = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    dx, dy = torch.randn_like(x), torch.randn_like(y)
+    _, tangent = torch.func.jvp(lambda a, b: select(pred, [a], [b])[0], (x, y), (dx, dy))
+    assert torch.equal(tangent, torch.where(pred[:, None], dx, dy))
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        xd = fwAD.make_dual(x, dx)
+        out = select_n(torch.tensor([1, 0, 2]), [[xd], [y], [xd * 2]])[0]
+        tangent = fwAD.unpack_dual(out).tangent
+    assert torch.equal(tangent, torch.stack([torch.zeros(4, dtype=torch.float64), dx[1], 2 * dx[2]]))
+    g = torch.func.grad(lambda a: select(pred, [a**2], [a * 3])[0].sum())(x)
+    assert torch.allclose(g, torch.where(pred[:, None], 2 * x, torch.full_like(x, 3.0)))
+    h = torch.func.hessian(lambda a: select_n(torch.tensor([0, 1, 2]), [[a**2], [a**3], [a]])[0].sum())(torch.ones(3, dtype=torch.float64))
+    assert torch.equal(h, torch.diag(torch.tensor([2.0, 6.0, 0.0], dtype=torch.float64)))
+
+
+def test_vmap_batched_and_unbatched_mixtures():
+    B = 4
+    preds = rand((B, 3), torch.bool, seed=1)
+    xs, ys = rand((B, 3, 5), seed=2), rand((B, 3, 5), seed=3)
+    x1, y1 = rand((3, 5), seed=4), rand((3, 5), seed=5)
+    p1 = torch.tensor([True, False, True])
+    fn = lambda p, a, b: tuple(select(p, [a, b], [b, a]))  # noqa: E731
+    cases = [
+        ((preds, xs, ys), (0, 0, 0)),
+        ((preds, x1, ys), (0, None, 0)),
+        ((preds, x1, y1), (0, None, None)),
+        ((p1, xs, y1), (None, 0, None)),
+        ((p1, xs.movedim(0, 2), ys.movedim(0, 1)), (None, 2, 1)),
+        ((preds.T, xs, ys), (1, 0, 0)),
+        ((torch.tensor(True), xs, y1), (None, 0, None)),
+    ]
+    for args, in_dims in cases:
+        out = torch.vmap(fn, in_dims=in_dims)(*args)
+        per_example = []
+        for b in range(B):
+            ex = [a if d is None else a.select(d, b) for a, d in zip(args, in_dims)]
+            per_example.append(ref_select(ex[0], [ex[1], ex[2]], [ex[2], ex[1]]))
+        for k in range(2):
+            assert torch.equal(out[k], torch.stack([r[k] for r in per_example])), (in_dims, k)
+
+
+def test_vmap_unbatched_outputs_stay_unbatched_and_select_n():
+    B = 3
+    p1 = torch.tensor([True, False])
+    xs, a, b = rand((B, 2, 4), seed=1), rand((2, 4), seed=2), rand((2, 4), seed=3)
+    out_batched, out_plain = torch.vmap(lambda x: tuple(select(p1, [x, a], [x * 0, b])), in_dims=0)(xs)
+    assert out_batched.shape == (B, 2, 4) and out_plain.shape == (B, 2, 4)
+    assert torch.equal(out_plain[1], ref_select(p1, [a], [b])[0])
+    idx = torch.tensor([[0, 2], [1, 9], [-4, 1]])
+    out = torch.vmap(lambda i, x: select_n(i, [[x], [x * 2], [a]])[0])(idx, xs)
+    for e in range(B):
+        assert torch.equal(out[e], ref_select_n(idx[e], [[xs[e]], [xs[e] * 2], [a]])[0])
+
+
+def test_nested_vmap():
+    preds = rand((2, 3, 4), torch.bool, seed=1)
+    xs, ys = rand((2, 3, 4, 5), seed=2), rand((3, 2, 4, 5), seed=3)
+    inner = torch.vmap(lambda p, x, y: select(p, [x], [y])[0], in_dims=(0, 0, 0))
+    out = torch.vmap(inner, in_dims=(0, 0, 1))(preds, xs, ys)  # ys batched along dim 1 outside
+    expected = torch.where(preds[..., None], xs, ys.movedim(1, 0))
+    assert torch.equal(out, expected)
+    # the outer level batches only the predicate, the inner level only the values
+    p_outer = rand((2, 4), torch.bool, seed=4)
+    out = torch.vmap(lambda p: torch.vmap(lambda x: select(p, [x], [-x])[0])(xs[0]))(p_outer)
+    expected = torch.where(p_outer[:, None, :, None], xs[0][None], -xs[0][None])
+    assert torch.equal(out, expected)
+    idx = torch.randint(-1, 4, (2, 3))
+    out = torch.vmap(torch.vmap(lambda i, x: select_n(i, [[x], [-x], [x + 1]])[0]))(idx, xs)
+    stack = torch.stack([xs, -xs, xs + 1])
+    c = idx.clamp(0, 2)
+    assert torch.equal(out, torch.gather(stack, 0, c[None, :, :, None, None].expand(1, 2, 3, 4, 5))[0])
+
+
+def test_vmap_of_grad_is_per_example():
+    xs = torch.tensor([[1.0, 2.0], [-1.0, -3.0], [4.0, 0.5]])
+
+    def loss(x):
+        return select(x.sum() > 0, [x**2], [x * 3])[0].sum()
+
+    g = torch.vmap(torch.func.grad(loss))(xs)
+    expected = torch.stack([2 * xs[0], torch.full((2,), 3.0), 2 * xs[2]])
+    assert torch.equal(g, expected)
+
+
+# --- the CUDA kernel, emulated on the CPU ---------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape, pred_shape",
+    [
+        ((7, 300), (7,)),          # line mode, rows of 1200 B (float32)
+        ((5, 40), (5,)),           # short rows: element mode
+        ((3, 4, 5), (3, 4, 5)),    # selector varies along the innermost dim
+        ((9000,), ()),             # 0-d selector, several tiles
+        ((2, 5000), (2,)),         # long lines split into tiles
+    ],
+)
+def test_emulated_cuda_kernel_matches_where(dtype, shape, pred_shape):
+    t, f = rand(shape, dtype, seed=1), rand(shape, dtype, seed=2)
+    pred = rand(pred_shape, torch.bool, seed=3) if pred_shape else torch.tensor(False)
+    outs, launches = emulated_select(pred, [t, t.flip(0)], [f, f])
+    assert launches == 1
+    assert_same(outs, ref_select(pred, [t, t.flip(0)], [f, f]))
+
+
+def test_emulated_cuda_kernel_strided_and_expanded():
+    base = rand((40, 30, 3), torch.float64, seed=1)
+    t = base[:, ::2, 1]                                    # (40, 15), strided
+    f = rand((15, 40), torch.float64, seed=2).T            # transposed
+    e = torch.tensor(7.0, dtype=torch.float64).expand(40, 15)
+    for pred in [rand((40,), torch.bool, seed=3), rand((80,), torch.bool, seed=4)[::2], torch.tensor(True), rand((40, 15), torch.bool, seed=5)]:
+        outs, _ = emulated_select(pred, [t, e, f], [f, t, e])
+        assert_same(outs, ref_select(pred, [t, e, f], [f, t, e]))
+    long_t = rand((4, 2000, 3), seed=6)[:, :, 0]           # long strided lines (line mode, strided copy)
+    long_f = rand((4, 2000), seed=7)
+    pred = torch.tensor([True, False, False, True])
+    outs, _ = emulated_select(pred, [long_t, long_f], [long_f, long_t])
+    assert_same(outs, ref_select(pred, [long_t, long_f], [long_f, long_t]))
+
+
+def test_emulated_cuda_kernel_splits_launches_and_branch_windows():
+    # 40 outputs of rank 2 need 10 pool words each and 24 descriptors fit a launch: 2 launches
+    pred = rand((3,), torch.bool, seed=1)
+    ts = [rand((3, 5 + i), seed=i) for i in range(40)]
+    fs = [rand((3, 5 + i), seed=50 + i) for i in range(40)]
+    outs, launches = emulated_select(pred, ts, fs)
+    assert launches == 2
+    assert_same(outs, ref_select(pred, ts, fs))
+    # 100 strided branches at rank 2 do not fit one pool: windows of branches
+    nb = 100
+    cases = [[rand((5, 4), seed=k).T] for k in range(nb)]
+    index = torch.tensor([-3, 0, 57, 99, 250])[None].expand(4, 5)  # shaped like the values
+    outs, launches = emulated_select_n(index, cases)
+    assert launches == 2
+    assert_same(outs, ref_select_n(index, cases))
+
+
+def test_emulated_cuda_kernel_index_dtypes_and_cpu_scalar_selector():
+    cases = [[rand((6, 200), seed=k)] for k in range(3)]
+    for dtype in INDEX_DTYPES:
+        index = torch.tensor([0, 1, 2, 5, 0, 1], dtype=dtype)
+        outs, _ = emulated_select_n(index, cases)
+        assert_same(outs, ref_select_n(index, cases))
+        outs, _ = emulated_select_n(torch.tensor(2, dtype=dtype), cases)  # 0-d: read on the host
+        assert torch.equal(outs[0], cases[2][0])
+
+
+def test_emulated_cuda_kernel_misaligned_and_zero_size():
+    buf = bytearray(8 * 3001)
+    t = torch.frombuffer(buf, dtype=torch.float64, offset=4, count=3000).view(3, 1000)  # 4-byte aligned
+    t.copy_(torch.arange(3000.0, dtype=torch.float64).view(3, 1000))
+    f = rand((3, 1000), torch.float64, seed=1)
+    pred = torch.tensor([True, False, True])
+    outs, _ = emulated_select(pred, [t, f[:, 1:]], [f, t[:, :-1]])
+    assert_same(outs, ref_select(pred, [t, f[:, 1:]], [f, t[:, :-1]]))
+    outs, launches = emulated_select(pred, [torch.ones(3, 0)], [torch.zeros(3, 0)])
+    assert launches == 0 and outs[0].shape == (3, 0)
+
+
+# --- more than 2^31 elements ----------------------------------------------------------------
+
+
+def _available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+BIG_NUMEL = 2**31 + 64
+BIG_CHUNK = 2**27  # compare in chunks: no full-size temporaries
+
+
+def assert_chunks_equal(out, expected_fn):
+    """``out`` (flattened) equals ``expected_fn(start, stop)`` on every chunk."""
+    flat = out.view(-1)
+    for start in range(0, flat.numel(), BIG_CHUNK):
+        stop = min(start + BIG_CHUNK, flat.numel())
+        assert torch.equal(flat[start:stop], expected_fn(start, stop)), (start, stop)
+
+
+@pytest.mark.skipif(
+    os.environ.get("TORCHCOND_BIG_TESTS") != "1",
+    reason="allocates ~6.5 GB (>2^31-element tensors); set TORCHCOND_BIG_TESTS=1 to run",
+)
+@pytest.mark.parametrize("device", DEVICES)
+def test_more_than_2_31_elements(device):
+    need = 3 * BIG_NUMEL + (1 << 30)  # true, false, output (int8) + slack
+    if device == "cpu" and _available_memory_bytes() < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free memory, {_available_memory_bytes() / 2**30:.1f} GiB available")
+    if device == "cuda" and torch.cuda.mem_get_info()[0] < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory")
+    rows = 4
+    cols = BIG_NUMEL // rows
+    t = torch.ones((rows, cols), dtype=torch.int8, device=device)
+    f = torch.full((rows, cols), 2, dtype=torch.int8, device=device)
+    pred = torch.tensor([True, False, False, True], device=device)
+    row_value = torch.tensor([1, 2, 2, 1], dtype=torch.int8, device=device)
+
+    def expected_rows(start, stop):  # row r holds row_value[r]
+        return row_value[torch.arange(start, stop, device=device) // cols]
+
+    (out,) = select(pred, [t], [f])
+    assert out.numel() > 2**31
+    assert_chunks_equal(out, expected_rows)
+    del out
+    (out,) = select(torch.tensor(False, device=device), [t.view(-1)], [f.view(-1)])
+    assert_chunks_equal(out, lambda a, b: f.view(-1)[a:b])
+    del out
+    index = torch.tensor([1, 0, 1, 0], device=device)
+    (out,) = select_n(index, [[t], [f]])
+    picked = torch.tensor([2, 1, 2, 1], dtype=torch.int8, device=device)
+    assert_chunks_equal(out, lambda a, b: picked[torch.arange(a, b, device=device) // cols])
+    del out
+    if device == "cpu":
+        # the CUDA kernel's line mode, emulated on the CPU: 64-bit tile and byte offsets
+        outs, _ = emulated_select(pred, [t], [f])
+        assert_chunks_equal(outs[0], expected_rows)
+        del outs
+
+
+@pytest.mark.skipif(
+    os.environ.get("TORCHCOND_BIG_TESTS") != "1",
+    reason="allocates ~9 GB (>2^31-element tensors); set TORCHCOND_BIG_TESTS=1 to run",
+)
+@pytest.mark.parametrize("device", DEVICES)
+def test_more_than_2_31_elements_with_an_elementwise_index(device):
+    need = 4 * BIG_NUMEL + (1 << 30)  # index, two cases, output (one byte each) + slack
+    if device == "cpu" and _available_memory_bytes() < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free memory, {_available_memory_bytes() / 2**30:.1f} GiB available")
+    if device == "cuda" and torch.cuda.mem_get_info()[0] < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory")
+    a = torch.ones(BIG_NUMEL, dtype=torch.int8, device=device)
+    b = torch.full((BIG_NUMEL,), 2, dtype=torch.int8, device=device)
+    index = torch.zeros(BIG_NUMEL, dtype=torch.int8, device=device)
+    index[2**31 + 7 :: 3] = 1  # the selector varies along the (only) dimension
+    (out,) = select_n(index, [[a], [b]])
+    assert_chunks_equal(out, lambda s, e: index[s:e] + 1)
+    assert out[2**31 + 7].item() == 2 and out[2**31 + 8].item() == 1
+
+
+# --- CUDA ----------------------------------------------------------------------------------
+
+
+@requires_cuda
+def test_cuda_select_with_device_predicate_does_not_sync():
+    x = torch.randn(1000, 64, device="cuda")
+    y = torch.randn(1000, 64, device="cuda")
+    pred = x.sum() > 0  # a 0-d CUDA tensor
+    batched = x[:, 0] > 0
+    index = (x[:, 0] * 3).long()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out0 = select(pred, [x, y], [y, x])
+        out1 = select(batched, [x], [y])
+        out2 = select_n(index, [[x], [y], [x * 2]])
+        out3 = select_n(index.sum(), [[x], [y]])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(out0[0], torch.where(pred, x, y))
+    assert torch.equal(out1[0], torch.where(batched[:, None], x, y))
+    assert torch.equal(out2[0], ref_select_n_on("cuda", index, [[x], [y], [x * 2]])[0])
+    assert torch.equal(out3[0], x if int(index.sum()) <= 0 else y)
+
+
+@requires_cuda
+def test_cuda_cpu_scalar_predicate_with_cuda_values():
+    x, y = torch.randn(300, 7, device="cuda"), torch.randn(300, 7, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        (out,) = select(torch.tensor(False), [x], [y])
+        (out_n,) = select_n(torch.tensor(0), [[x], [y]])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(out, y) and torch.equal(out_n, x)
+
+
+@requires_cuda
+def test_cuda_graph_capture_and_replay():
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    pred = torch.zeros((), dtype=torch.bool, device="cuda")
+    rows = torch.zeros(64, dtype=torch.bool, device="cuda")
+    select(pred, [x], [y])  # warm up
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        select(rows, [x], [y])
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        (out,) = select(pred, [x], [y])
+        (out_rows,) = select(rows, [x], [y])
+    for value in (True, False, True):
+        pred.fill_(value)
+        rows.copy_(torch.rand(64, device="cuda") > 0.5)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, x if value else y)
+        assert torch.equal(out_rows, torch.where(rows[:, None], x, y))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_cuda_many_outputs_and_layouts(dtype):
+    pred = rand((8,), torch.bool, "cuda", 1)
+    ts = [rand((8, 3 + 97 * i), dtype, "cuda", i) for i in range(30)]
+    fs = [rand((8, 3 + 97 * i), dtype, "cuda", 100 + i).T.contiguous().T for i in range(30)]
+    assert_same(select(pred, ts, fs), ref_select(pred, ts, fs))
+    t = rand((8, 50, 3), dtype, "cuda", 2)[:, :, 1]
+    assert_same(select(pred, [t], [fs[3][:, :50]]), ref_select(pred, [t], [fs[3][:, :50]]))
+
+
+@requires_cuda
+def test_cuda_gradients_and_opcheck():
+    pred = torch.tensor([True, False, True], device="cuda")
+    t = torch.randn(3, 4, dtype=torch.float64, device="cuda", requires_grad=True)
+    f = torch.randn(3, 4, dtype=torch.float64, device="cuda", requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t, f: tuple(select(pred, [t], [f])), (t, f))
+    torch.library.opcheck(OPS.select.default, (pred, [t], [f]))
+    torch.library.opcheck(OPS.select_n.default, (torch.tensor([2, 0, 1], device="cuda"), [t, f, t], 3))
