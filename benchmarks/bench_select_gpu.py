@@ -31,7 +31,7 @@ import sys
 import torch
 
 import torchcond  # noqa: F401  (loads the extension)
-from torchcond.select import select, select_n
+from torchcond import select, select_n
 
 BANDWIDTH_TARGET = 0.85  # select bandwidth / device-to-device copy bandwidth
 LARGE_TARGET = 1.4  # select vs torch.where, large tensors

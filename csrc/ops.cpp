@@ -2,7 +2,7 @@
 //
 // The fused branch-select kernels register their implementations under this library
 // (cpu/select_cpu.cpp: CPU; cuda/select.cu: CUDA). Their fake (meta) kernels,
-// autograd and vmap rules are registered from Python, in torchcond/select.py.
+// autograd and vmap rules are registered from Python, in torchcond/select_rules.py.
 #include <Python.h>
 
 #include <torch/library.h>
@@ -25,7 +25,7 @@ bool built_with_cuda() {
 TORCH_LIBRARY(torchcond, m) {
   // Python registrations (register_fake, register_autograd, register_vmap) for the
   // ops below live in this module; torch asks for it to be imported when needed.
-  m.set_python_module("torchcond.select");
+  m.set_python_module("torchcond.select_rules");
   m.def("abi_version() -> int", &abi_version);
   m.def("built_with_cuda() -> bool", &built_with_cuda);
   // out[i] = pred ? true_values[i] : false_values[i], elementwise; pred is 0-d or its

@@ -1,4 +1,4 @@
-"""The fused select operators: torchcond.select.select / select_n and their C++/CUDA kernels.
+"""The fused select operators: torchcond.select / select_n and their C++/CUDA kernels.
 
 Every result is compared with a torch.where reference. CUDA tests run only where
 torch.cuda.is_available(); on CPU-only machines the CUDA kernel and its launcher are
@@ -15,7 +15,7 @@ import torch
 
 import torchcond  # noqa: F401  (loads the extension)
 from torchcond import CondArgumentError
-from torchcond.select import select, select_n
+from torchcond import select, select_n
 
 OPS = torch.ops.torchcond
 CUDA = torch.cuda.is_available()

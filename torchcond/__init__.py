@@ -18,7 +18,9 @@ from .errors import (
     CondError,
     UnsupportedCondError,
 )
+from .fused_select import select, select_n
 from .ops import cond_op, switch_op
+from . import passes  # noqa: E402  (torchcond.passes.lower_to_select)
 
 __all__ = [
     "BranchMismatchError",
@@ -28,6 +30,9 @@ __all__ = [
     "UnsupportedCondError",
     "cond",
     "cond_op",
+    "passes",
+    "select",
+    "select_n",
     "switch",
     "switch_op",
 ]

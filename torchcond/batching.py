@@ -3,7 +3,7 @@
 * Selector the same for every example: each branch is vmapped and the conditional
   stays one conditional (one node when traced).
 * Selector batched (one value per example): no single branch can be chosen, so
-  every branch runs on the whole batch and one fused select (``select.py``) picks,
+  every branch runs on the whole batch and one fused select (``fused_select.py``) picks,
   per example, the taken branch's value of every output leaf.
 
 ``run_all_and_select`` is that second form on its own; ``strategy="select"`` uses it
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat, select
+from . import _compat, fused_select as select
 from .errors import BranchMismatchError
 from .forms import Form
 from .tracing import SpecCarrier, branch_specs, check_same_structure, leaf_paths

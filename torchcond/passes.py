@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-from . import select as _select  # noqa: F401  (registers the select operators' rules)
+from . import select_rules  # noqa: F401  (registers the select operators' rules)
 from .errors import BranchMismatchError
 from .ops import cond_op, switch_op
 from .subgraph import output_values
