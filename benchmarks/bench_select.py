@@ -47,43 +47,9 @@ import torch
 import torchcond
 from torchcond import select, select_n
 
+import timing  # benchmarks/timing.py: the shared timing method
+
 BATCHED_TARGET = 1.3  # fused select at least 1.3x faster than 16 torch.where calls
-
-
-def _calibrate(timer: timeit.Timer, target_s: float, max_number: int) -> int:
-    """Loop count so that one measurement takes about ``target_s``."""
-    number = 1
-    while number < max_number:
-        t = timer.timeit(number)
-        if t >= target_s / 4:
-            break
-        number *= 4
-    per_call = timer.timeit(number) / number
-    return max(1, min(max_number, int(target_s / per_call)))
-
-
-def measure(candidates: dict, rounds: int, target_s: float):
-    """Best-of-``rounds`` seconds per call for every candidate, interleaved."""
-    numbers = {name: _calibrate(t, target_s, 1_000_000) for name, t in candidates.items()}
-    best = {name: float("inf") for name in candidates}
-    names = list(candidates)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            t = candidates[name].timeit(numbers[name]) / numbers[name]
-            best[name] = min(best[name], t)
-    return best, numbers
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv=None) -> int:
@@ -184,7 +150,7 @@ def main(argv=None) -> int:
     print("bench_select: fused select vs one torch.where per output (speedups vs a baseline in this process)")
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, torchcond {torchcond.__version__}, "
-        f"{platform.machine()} ({_cpu_model()}), os.cpu_count()={os.cpu_count()}, "
+        f"{platform.machine()} ({timing.cpu_name()}), os.cpu_count()={os.cpu_count()}, "
         f"torch threads={torch.get_num_threads()}"
     )
     print(
@@ -198,7 +164,7 @@ def main(argv=None) -> int:
     for title, base, cands, nbytes, target in cases:
         timers = {"baseline": timeit.Timer(base, globals=ns)}
         timers.update({name: timeit.Timer(stmt, globals=ns) for name, stmt in cands.items()})
-        best, _ = measure(timers, rounds, target_s)
+        best, _ = timing.measure(timers, rounds, target_s)
         for name in cands:
             rows_out.append((title, best["baseline"], name, best[name], nbytes, target))
     elapsed = time.perf_counter() - t_start
