@@ -160,3 +160,16 @@ def test_cond_inside_cuda_graph_capture_takes_both_branches_on_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.cpu(), torch.full((4,), want))
+
+
+def test_compiled_strategy_select_and_per_example_vmap():
+    def f(x):
+        return cond(x.sum() > 0, torch.log, torch.zeros_like, (x,), strategy="select")
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    x = (-XS[1]).clone().requires_grad_()
+    torch.testing.assert_close(compiled(x), f(x))
+    (g,) = torch.autograd.grad(compiled(-x).sum(), x)  # log not taken: a finite zero gradient
+    assert torch.equal(g, torch.zeros_like(g))
+    batched = torch.compile(torch.vmap(log_or_zero), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(batched(XS), per_example(log_or_zero_if, XS), equal_nan=True)

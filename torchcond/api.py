@@ -24,6 +24,7 @@ from .tracing import FlatBranch, branch_specs
 _Tensor = torch.Tensor
 _tracing = _compat.tracing
 _capturing = torch.cuda.is_current_stream_capturing
+_BOOL = torch.bool
 
 
 def cond(
@@ -65,7 +66,7 @@ def cond(
         and callable(false_fn)
         and _plain_operands(operands)
         and not _tracing()
-        and not pred.is_complex()
+        and (pred.dtype is _BOOL or not pred.is_complex())
         and not (pred.is_cuda and _capturing())  # a host read would break the capture
     ):
         try:

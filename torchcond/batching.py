@@ -141,7 +141,10 @@ def _masked(mask: torch.Tensor, value):
 def _needs_grad(t: torch.Tensor) -> bool:
     if not (t.dtype.is_floating_point or t.dtype.is_complex):
         return False
-    return (torch.is_grad_enabled() and t.requires_grad) or _compat.is_functorch_wrapped(t)
+    if torch.is_grad_enabled() and t.requires_grad:
+        return True
+    # dynamo sees no functorch wrappers (and cannot trace the query)
+    return not _compat.is_dynamo_compiling() and _compat.is_functorch_wrapped(t)
 
 
 def _broadcast_batch(value, batch_size: int):
