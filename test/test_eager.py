@@ -150,3 +150,15 @@ def test_numpy_scalars_as_predicate_and_index():
     x = torch.ones(2)
     torch.testing.assert_close(cond(np.bool_(False), lambda x: x + 1, lambda x: x - 1, (x,)), x - 1)
     torch.testing.assert_close(switch(np.int64(1), [lambda x: x, lambda x: x * 3], (x,)), x * 3)
+
+
+def test_a_torch_function_mode_takes_the_checked_path_and_stays_a_python_if():
+    calls = []
+
+    def branch(tag):
+        return lambda a: calls.append(tag) or a + 1
+
+    with torch.device("cpu"):  # a TorchFunctionMode: not tracing, still eager
+        out = cond(torch.tensor(True), branch("t"), branch("f"), (torch.zeros(2),))
+        switch(torch.tensor(1), [branch(0), branch(1)], (torch.zeros(2),))
+    assert calls == ["t", 1] and torch.equal(out, torch.ones(2))

@@ -22,7 +22,13 @@ from .ops import cond_op, form_of, switch_op
 from .tracing import FlatBranch, branch_specs
 
 _Tensor = torch.Tensor
-_tracing = _compat.tracing
+# The fast path's test for "maybe tracing": dynamo (first: dynamo folds it and never
+# sees the rest), or any dispatch or torch-function mode. A superset of
+# _compat.tracing() (pre-dispatch tracing always pushes a function mode) that costs
+# no Python frame; the slow path decides precisely.
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._len_torch_function_stack
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _capturing = torch.cuda.is_current_stream_capturing
 _BOOL = torch.bool
 
@@ -65,7 +71,7 @@ def cond(
         and callable(true_fn)
         and callable(false_fn)
         and _plain_operands(operands)
-        and not _tracing()
+        and not (_dynamo_compiling() or _dispatch_modes() or _function_modes())
         and (pred.dtype is _BOOL or not pred.is_complex())
         and not (pred.is_cuda and _capturing())  # a host read would break the capture
     ):
@@ -103,7 +109,7 @@ def switch(
         and branches
         and _all_callable(branches)
         and _plain_operands(operands)
-        and not _tracing()
+        and not (_dynamo_compiling() or _dispatch_modes() or _function_modes())
         and index.dtype in _INTEGER_DTYPES
         and not (index.is_cuda and _capturing())
     ):
