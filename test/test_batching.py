@@ -173,3 +173,31 @@ def test_compiled_strategy_select_and_per_example_vmap():
     assert torch.equal(g, torch.zeros_like(g))
     batched = torch.compile(torch.vmap(log_or_zero), backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(batched(XS), per_example(log_or_zero_if, XS), equal_nan=True)
+
+
+def test_conditional_node_plumbing_with_a_recording_if_body():
+    """Without a GPU: each branch runs under its own IF body keyed by `branch == k`, and
+    later branches copy their outputs into the first branch's (the graph's fixed outputs)."""
+    import contextlib
+
+    from torchcond.batching import run_as_conditional_nodes
+    from torchcond.ops import form_of, switch_op
+
+    seen = []
+
+    @contextlib.contextmanager
+    def recording_if_body(pred):
+        seen.append(bool(pred))
+        yield  # a real IF node runs the body only when pred holds on replay
+
+    branches = [lambda a: (a + 1,), lambda a: (a * 2,), lambda a: (a - 5,)]
+    x = torch.arange(3.0)
+    (out,) = run_as_conditional_nodes(
+        form_of(switch_op), torch.tensor(1), branches, (x,), ["b0", "b1", "b2"], recording_if_body
+    )
+    assert seen == [False, True, False]
+    torch.testing.assert_close(out, x - 5)  # every body ran here, so the last copy wins
+    with pytest.raises(Exception, match="agree on shape"):
+        run_as_conditional_nodes(
+            form_of(switch_op), torch.tensor(0), [lambda a: (a,), lambda a: (a[:2],)], (x,), ["b0", "b1"], recording_if_body
+        )

@@ -17,7 +17,7 @@ from . import _compat
 from ._compat import pytree
 from .errors import CondArgumentError
 from .forms import clamp_index, is_concrete
-from .batching import run_all_and_select
+from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .ops import cond_op, form_of, switch_op
 from .tracing import FlatBranch, branch_specs
 
@@ -128,7 +128,8 @@ def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto"):
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
     if _use_select(strategy, pred):
-        return _select_path(cond_op, _normalize_pred(pred), [(true_fn, "true_fn"), (false_fn, "false_fn")], operands)
+        labelled = [(true_fn, "true_fn"), (false_fn, "false_fn")]
+        return _select_path(cond_op, _normalize_pred(pred), labelled, operands, strategy)
     if _compat.is_dynamo_compiling():
         # Dynamo sees a SymBool as a bool, so it gets its own path; it speculates the
         # user's branches itself and inlines constant predicates (_compat/dynamo.py).
@@ -153,7 +154,7 @@ def _switch_slow(index, branches, operands, strategy="auto"):
     n = len(branches)
     if _use_select(strategy, index):
         labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
-        return _select_path(switch_op, _normalize_index(index, n), labelled, operands)
+        return _select_path(switch_op, _normalize_index(index, n), labelled, operands, strategy)
     index = _python_scalar(index)
     if _compat.is_dynamo_compiling():
         # As in the other modes, the graph holds the clamped index.
@@ -198,14 +199,25 @@ def _use_select(strategy: str, selector) -> bool:
     return isinstance(selector, torch.Tensor) and _compat.capturing_cuda_graph(selector)
 
 
-def _select_path(op, selector, labelled_branches, operands):
-    """Every branch runs; one fused select picks each output element on the device."""
+def _select_path(op, selector, labelled_branches, operands, strategy):
+    """Every branch runs; one fused select picks each output element on the device.
+
+    While a CUDA graph captures (``strategy="auto"`` only gets here then), the
+    branches go into CUDA conditional nodes instead where PyTorch and the runtime
+    support them and no gradient is needed.
+    """
     if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
         selector = torch.scalar_tensor(selector, dtype=torch.bool if op is cond_op else torch.int64)
     flat_operands, in_spec = pytree.tree_flatten(operands)
     flat_branches = [FlatBranch(fn, in_spec, label) for fn, label in labelled_branches]
     labels = [label for _, label in labelled_branches]
-    out = run_all_and_select(form_of(op), selector, flat_branches, tuple(flat_operands), labels)
+    if_body = _compat.cuda_graph_if_body() if strategy == "auto" else None
+    if if_body is not None and not any_needs_grad(flat_operands):
+        out = run_as_conditional_nodes(
+            form_of(op), selector, flat_branches, tuple(flat_operands), labels, if_body
+        )
+    else:
+        out = run_all_and_select(form_of(op), selector, flat_branches, tuple(flat_operands), labels)
     spec = next(s for s in branch_specs(flat_branches) if s is not None)
     return pytree.tree_unflatten(list(out), spec)
 

@@ -96,7 +96,7 @@ def run_all_and_select(
     else:
         which = form.branch_of(selector, n)
         first = which == 0
-    guard = any(_needs_grad(t) for t in operands if isinstance(t, torch.Tensor))
+    guard = any_needs_grad(operands)
     outputs = []
     for k, branch in enumerate(branches):
         if guard:
@@ -109,6 +109,33 @@ def run_all_and_select(
     if which is None or n == 2:
         return tuple(select.select(first, outputs[0], outputs[1]))
     return tuple(select.select_n(which, outputs))
+
+
+def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, if_body) -> tuple:
+    """Each branch captured into its own IF node of the CUDA graph being captured.
+
+    On replay exactly one node runs, chosen on the device. The first branch's
+    outputs are the results; every later branch copies its outputs into them (the
+    graph after the nodes reads fixed addresses), as PyTorch's own conditional
+    nodes do. Gradients are not recorded through the copies: callers use this only
+    when no operand needs one.
+    """
+    which = form.branch_of(selector, len(branches))
+    results = None
+    for k, branch in enumerate(branches):
+        with if_body(which == k):
+            outputs = tuple(branch(*operands))
+            if results is None:
+                results = outputs
+                continue
+            _check_selectable([branches[0], branch], [labels[0], labels[k]], [results, outputs])
+            for result, output in zip(results, outputs):
+                result.copy_(output)
+    return results
+
+
+def any_needs_grad(operands) -> bool:
+    return any(_needs_grad(t) for t in operands if isinstance(t, torch.Tensor))
 
 
 def _check_selectable(branches, labels, outputs) -> None:

@@ -158,6 +158,39 @@ def capturing_cuda_graph(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+def cuda_graph_if_body():
+    """``if_body(pred)``: capture into an IF node of the CUDA graph being captured.
+
+    PyTorch's own API for it (``torch.cuda.CUDAGraph.begin_capture_to_if_node``,
+    used by its cudagraph conditional nodes) exists from torch 2.13, not on 2.11;
+    conditional nodes with captured bodies need a CUDA 12.4 runtime. None without.
+    """
+    graph_cls = getattr(torch._C, "_CUDAGraph", None)
+    if not all(
+        hasattr(graph_cls, name)
+        for name in (
+            "get_currently_capturing_graph",
+            "begin_capture_to_if_node",
+            "end_capture_to_conditional_node",
+        )
+    ):
+        return None
+    version = torch.version.cuda
+    if version is None or tuple(int(p) for p in version.split(".")[:2]) < (12, 4):
+        return None
+    return _if_body
+
+
+@contextlib.contextmanager
+def _if_body(pred: torch.Tensor):
+    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+    graph.begin_capture_to_if_node(pred)
+    try:
+        yield
+    finally:
+        graph.end_capture_to_conditional_node()
+
+
 def is_exporting() -> bool:
     return torch.compiler.is_exporting()
 
