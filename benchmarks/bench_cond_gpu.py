@@ -25,6 +25,8 @@ import torch
 
 import torchcond
 
+import timing  # benchmarks/timing.py
+
 SELECT_VS_TORCH_COND_TARGET = 20.0
 
 
@@ -46,20 +48,6 @@ def _loop(step, x, n):
     return x
 
 
-def _time_ms(fn, repeats: int) -> float:
-    """Median wall time per call in ms, measured with CUDA events."""
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def bench_loop(lines, quick: bool):
     n = 20 if quick else 100
     x = torch.randn(64, device="cuda")
@@ -68,7 +56,7 @@ def bench_loop(lines, quick: bool):
         for _ in range(2):
             _loop(step, x, n)  # warm-up (torch.cond compiles on first use)
         torch.cuda.synchronize()
-        results[name] = _time_ms(lambda step=step: _loop(step, x, n), 3 if quick else 10)
+        results[name] = timing.cuda_ms(lambda step=step: _loop(step, x, n), 1, 3 if quick else 10)
     same = torch.allclose(_loop(_step_select, x, n), _loop(_step_if, x, n))
     lines.append(f"loop of {n} conds, 64 float32, predicate on the device (median ms per loop)")
     for name, ms in results.items():
@@ -104,7 +92,7 @@ def bench_cuda_graph(lines):
         graph.replay()
         torch.cuda.synchronize()
         correct &= torch.equal(out, x + 1 if value else x - 1)
-    ms = _time_ms(graph.replay, 20)
+    ms = timing.cuda_ms(graph.replay, 1, 20)
     how = "conditional nodes" if torchcond._compat.cuda_graph_if_body() else "select"
     lines.append(
         f"cuda graph with a cond ({how}): both branches correct on replay: {correct}; "

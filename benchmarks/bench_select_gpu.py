@@ -33,24 +33,11 @@ import torch
 import torchcond  # noqa: F401  (loads the extension)
 from torchcond import select, select_n
 
+import timing  # benchmarks/timing.py
+
 BANDWIDTH_TARGET = 0.85  # select bandwidth / device-to-device copy bandwidth
 LARGE_TARGET = 1.4  # select vs torch.where, large tensors
 SMALL_TARGET = 5.0  # select vs torch.where, 16 small outputs
-
-
-def _time_ms(fn, calls: int, repeats: int) -> float:
-    """Median milliseconds per call of ``fn``, over ``repeats`` loops of ``calls`` calls."""
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def _warm(*fns, n: int = 3) -> None:
@@ -80,9 +67,9 @@ def bench_bandwidth(lines, quick: bool):
     sel0 = lambda: select(pred0, ts, fs)  # noqa: E731
     selb = lambda: select(rows_pred, ts, fs)  # noqa: E731
     _warm(copy_fn, sel0, selb)
-    t_copy = _time_ms(copy_fn, calls, repeats)
-    t_sel0 = _time_ms(sel0, calls, repeats)
-    t_selb = _time_ms(selb, calls, repeats)
+    t_copy = timing.cuda_ms(copy_fn, calls, repeats)
+    t_sel0 = timing.cuda_ms(sel0, calls, repeats)
+    t_selb = timing.cuda_ms(selb, calls, repeats)
     moved = 2 * out_bytes  # read + write
     bw = lambda ms: moved / (ms * 1e-3) / 1e9  # noqa: E731
     lines.append(f"1. bandwidth: {n_out} outputs of {rows}x{cols} float32 ({out_bytes / 2**30:.2f} GiB written, as much read)")
@@ -114,8 +101,8 @@ def bench_vs_where(lines, quick: bool):
     _check(sel_n(), where_n(), "large select_n")
     calls, repeats = (3, 3) if quick else (10, 7)
     _warm(where_fn, sel_fn, where_n, sel_n)
-    t_where, t_sel = _time_ms(where_fn, calls, repeats), _time_ms(sel_fn, calls, repeats)
-    t_where_n, t_sel_n = _time_ms(where_n, calls, repeats), _time_ms(sel_n, calls, repeats)
+    t_where, t_sel = timing.cuda_ms(where_fn, calls, repeats), timing.cuda_ms(sel_fn, calls, repeats)
+    t_where_n, t_sel_n = timing.cuda_ms(where_n, calls, repeats), timing.cuda_ms(sel_n, calls, repeats)
     ratio = t_where / t_sel
     verdict = "meets" if ratio >= LARGE_TARGET else "MISSES"
     lines.append(f"2a. large: {n_out} outputs of {rows}x{cols} float32, batched predicate")
@@ -137,7 +124,7 @@ def bench_vs_where(lines, quick: bool):
     _check(sel_fn(), where_fn(), "small")
     calls, repeats = (20, 3) if quick else (200, 7)
     _warm(where_fn, sel_fn, n=10)
-    t_where, t_sel = _time_ms(where_fn, calls, repeats), _time_ms(sel_fn, calls, repeats)
+    t_where, t_sel = timing.cuda_ms(where_fn, calls, repeats), timing.cuda_ms(sel_fn, calls, repeats)
     ratio = t_where / t_sel
     verdict = "meets" if ratio >= SMALL_TARGET else "MISSES"
     lines.append(f"2b. small: {n_out} outputs of 64x64 float32, batched predicate (host-bound: per call, loop of {calls})")

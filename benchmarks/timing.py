@@ -68,3 +68,21 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def cuda_ms(fn, calls: int, repeats: int) -> float:
+    """Median milliseconds per call of ``fn`` on the current CUDA stream (CUDA events),
+    over ``repeats`` loops of ``calls`` calls."""
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    times.sort()
+    return times[len(times) // 2]
