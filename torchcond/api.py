@@ -19,7 +19,7 @@ from .errors import CondArgumentError
 from .forms import clamp_index, is_concrete
 from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .ops import cond_op, form_of, switch_op
-from .tracing import FlatBranch, branch_specs
+from .tracing import FlatBranch, recorded_spec
 
 _Tensor = torch.Tensor
 # The fast path's test for "maybe tracing": dynamo (first: dynamo folds it and never
@@ -177,11 +177,18 @@ def _switch_slow(index, branches, operands, strategy="auto"):
 
 def _call_operator(op, selector, labelled_branches, operands):
     """``op(selector, *branches, operands)`` on flat operands; the user's pytree rebuilt."""
+    return _on_flat(
+        labelled_branches, operands, lambda branches, flat, labels: op(selector, *branches, flat)
+    )
+
+
+def _on_flat(labelled_branches, operands, run):
+    """``run(flat_branches, flat_operands, labels)``, with the user's output pytree rebuilt."""
     flat_operands, in_spec = pytree.tree_flatten(operands)
     flat_branches = [FlatBranch(fn, in_spec, label) for fn, label in labelled_branches]
-    flat_out = op(selector, *flat_branches, tuple(flat_operands))
-    spec = next(s for s in branch_specs(flat_branches) if s is not None)
-    return pytree.tree_unflatten(list(flat_out), spec)
+    labels = [label for _, label in labelled_branches]
+    flat_out = run(flat_branches, tuple(flat_operands), labels)
+    return pytree.tree_unflatten(list(flat_out), recorded_spec(flat_branches))
 
 
 _STRATEGIES = ("auto", "select")
@@ -208,18 +215,15 @@ def _select_path(op, selector, labelled_branches, operands, strategy):
     """
     if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
         selector = torch.scalar_tensor(selector, dtype=torch.bool if op is cond_op else torch.int64)
-    flat_operands, in_spec = pytree.tree_flatten(operands)
-    flat_branches = [FlatBranch(fn, in_spec, label) for fn, label in labelled_branches]
-    labels = [label for _, label in labelled_branches]
+    form = form_of(op)
     if_body = _compat.cuda_graph_if_body() if strategy == "auto" else None
-    if if_body is not None and not any_needs_grad(flat_operands):
-        out = run_as_conditional_nodes(
-            form_of(op), selector, flat_branches, tuple(flat_operands), labels, if_body
-        )
-    else:
-        out = run_all_and_select(form_of(op), selector, flat_branches, tuple(flat_operands), labels)
-    spec = next(s for s in branch_specs(flat_branches) if s is not None)
-    return pytree.tree_unflatten(list(out), spec)
+
+    def run(branches, flat, labels):
+        if if_body is not None and not any_needs_grad(flat):
+            return run_as_conditional_nodes(form, selector, branches, flat, labels, if_body)
+        return run_all_and_select(form, selector, branches, flat, labels)
+
+    return _on_flat(labelled_branches, operands, run)
 
 
 def _python_scalar(value):

@@ -25,7 +25,7 @@ import torch
 from . import _compat, fused_select as select
 from .errors import BranchMismatchError
 from .forms import Form
-from .tracing import SpecCarrier, branch_specs, check_same_structure, leaf_paths
+from .tracing import SpecCarrier, checked_output_paths
 
 
 def vmap_rule(form: Form, interpreter, selector, branches, operands):
@@ -74,10 +74,7 @@ def run_all_and_select_batched(
         for t, d in zip(tensors, in_dims)
     ]
     dims = tuple(0 if isinstance(t, torch.Tensor) else None for t in inputs)
-    mapped = [
-        SpecCarrier(torch.vmap(b, in_dims=dims, out_dims=0, randomness=randomness), b)
-        for b in branches
-    ]
+    mapped = vmapped_branches(branches, dims, randomness)
     return run_all_and_select(form, selector, mapped, inputs, form.labels(len(branches)))
 
 
@@ -96,14 +93,14 @@ def run_all_and_select(
     else:
         which = form.branch_of(selector, n)
         first = which == 0
-    guard = any_needs_grad(operands)
+    guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and _needs_grad(t)]
     outputs = []
     for k, branch in enumerate(branches):
-        if guard:
+        inputs = operands
+        if guarded:
             mask = first if k == 0 else (~first if which is None else which == k)
-            outputs.append(tuple(branch(*[_masked(mask, t) for t in operands])))
-        else:
-            outputs.append(tuple(branch(*operands)))
+            inputs = _masked(mask, operands, guarded)
+        outputs.append(tuple(branch(*inputs)))
     if labels is not None:
         _check_selectable(branches, labels, outputs)
     if which is None or n == 2:
@@ -139,9 +136,7 @@ def any_needs_grad(operands) -> bool:
 
 
 def _check_selectable(branches, labels, outputs) -> None:
-    check_same_structure(branches, labels)
-    spec = next((s for s in branch_specs(branches) if s is not None), None)
-    paths = leaf_paths(spec, len(outputs[0]))
+    paths = checked_output_paths(branches, labels, len(outputs[0]))
     for label, outs in zip(labels[1:], outputs[1:]):
         for path, first, other in zip(paths, outputs[0], outs):
             for what, a, b in (
@@ -158,11 +153,15 @@ def _check_selectable(branches, labels, outputs) -> None:
                     )
 
 
-def _masked(mask: torch.Tensor, value):
-    """``value`` unchanged forward; backward reads only the examples ``mask`` selects."""
-    if not (isinstance(value, torch.Tensor) and _needs_grad(value)):
-        return value
-    return select.select(mask, [value], [value.detach()])[0]
+def _masked(mask: torch.Tensor, operands, guarded) -> list:
+    """``operands`` unchanged forward; the backward of those at ``guarded`` reads only
+    the examples ``mask`` selects (one fused select for all of them)."""
+    values = [operands[i] for i in guarded]
+    masked = select.select(mask, values, [v.detach() for v in values])
+    inputs = list(operands)
+    for i, value in zip(guarded, masked):
+        inputs[i] = value
+    return inputs
 
 
 def _needs_grad(t: torch.Tensor) -> bool:

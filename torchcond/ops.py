@@ -24,7 +24,7 @@ from .errors import CondArgumentError
 from .forms import Form, clamp_index, cond_branch_of, is_concrete, pack, switch_branch_of, unpack
 from .merge import merge_branch_outputs
 from .subgraph import output_values
-from .tracing import SpecCarrier, branch_specs, check_same_structure, leaf_paths, trace_branches
+from .tracing import SpecCarrier, checked_output_paths, trace_branches
 
 
 class CondOp(_compat.HigherOrderOperator):
@@ -117,10 +117,6 @@ def _dense(form: Form, selector, branches, operands):
     return form.taken_branch(selector, branches)(*operands)
 
 
-def _below_autograd(form: Form, selector, branches, operands):
-    return form.call_below_autograd(selector, branches, operands)
-
-
 def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
     """The selector is unknown: run every branch on fake tensors and merge."""
     with mode, _compat.ignore_fresh_unbacked(mode):
@@ -141,7 +137,7 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     args = pack(selector, graphs, operands)
     proxy_args = pytree.tree_map(tracer.unwrap_proxy, args)
     out_proxy = tracer.create_proxy("call_function", form.op, proxy_args, {})
-    out = _below_autograd(form, selector, graphs, operands)
+    out = form.call_below_autograd(selector, graphs, operands)
     return _compat.track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
 
 
@@ -179,9 +175,7 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
 def _all_branches_merged(form, branches, operands, shape_env):
     labels = form.labels(len(branches))
     outs = [tuple(b(*operands)) for b in branches]
-    check_same_structure(branches, labels)
-    specs = [s for s in branch_specs(branches) if s is not None]
-    paths = leaf_paths(specs[0] if specs else None, len(outs[0]))
+    paths = checked_output_paths(branches, labels, len(outs[0]))
     return merge_branch_outputs(outs, labels, paths, shape_env)
 
 

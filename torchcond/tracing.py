@@ -113,6 +113,17 @@ def check_same_structure(branches: Sequence[Callable], labels: Sequence[str]) ->
             )
 
 
+def recorded_spec(branches: Sequence[Callable]) -> pytree.TreeSpec | None:
+    """The output structure the first branch that recorded one recorded."""
+    return next((s for s in branch_specs(branches) if s is not None), None)
+
+
+def checked_output_paths(branches: Sequence[Callable], labels: Sequence[str], count: int) -> list[str]:
+    """Names of the ``count`` flat outputs, once every branch agrees on the structure."""
+    check_same_structure(branches, labels)
+    return leaf_paths(recorded_spec(branches), count)
+
+
 # --- tracing ---------------------------------------------------------------------
 
 
