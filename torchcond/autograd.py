@@ -27,7 +27,7 @@ import torch
 
 from . import _compat, closures
 from .closures import closure_free
-from .batching import run_all_and_select_batched, vmapped_branches
+from .batching import map_conditional
 from .forms import Form, is_concrete
 
 # --- the Autograd-key rule -----------------------------------------------------------
@@ -95,7 +95,7 @@ class Conditional(torch.autograd.Function):
         grads: list = [None] * ctx.n_operands
         if need and present:
             given = [cotangents[j] for j in present]
-            graphs, used = vjp_graphs(ctx.form, ctx.branches, primals, need, present, given)
+            graphs, used = vjp_graphs(ctx.branches, primals, need, present, given)
             args = (*primals, *given)
             out = ctx.form.op(selector, *graphs, tuple(args[k] for k in used))
             for i, g in zip(need, out):
@@ -106,15 +106,10 @@ class Conditional(torch.autograd.Function):
     def vmap(info, in_dims, form, selector, branches, *operands):
         # torch.func's jacrev/hessian vmap the backward over basis cotangents, and
         # per-example gradients vmap it over a batched selector.
-        selector_dim, operand_dims = in_dims[1], in_dims[3:]
-        if selector_dim is None:
-            mapped = vmapped_branches(branches, operand_dims, info.randomness)
-            out = tuple(form.op(selector, *mapped, tuple(operands)))
-        else:
-            out = run_all_and_select_batched(
-                form, selector.movedim(selector_dim, 0), branches, operands,
-                operand_dims, info.batch_size, info.randomness,
-            )
+        out = map_conditional(
+            form, selector, in_dims[1], branches, operands, in_dims[3:],
+            info.batch_size, info.randomness,
+        )
         return out, (0,) * len(out)
 
     @staticmethod
@@ -124,7 +119,7 @@ class Conditional(torch.autograd.Function):
         if not have:
             return tuple(None for _ in ctx.differentiable)
         given = [tangents[i] for i in have]
-        graphs = jvp_graphs(ctx.form, ctx.branches, primals, have, given)
+        graphs = jvp_graphs(ctx.branches, primals, have, given)
         out = ctx.form.op(selector, *graphs, (*primals, *given))
         return tuple(t if d else None for t, d in zip(out, ctx.differentiable))
 
@@ -142,7 +137,7 @@ def _saved(ctx):
 # --- derivative graphs -------------------------------------------------------------
 
 
-def vjp_graphs(form, branches, primals, need, present, cotangents):
+def vjp_graphs(branches, primals, need, present, cotangents):
     """One vjp graph per branch, all taking the same pruned inputs.
 
     Each graph maps ``(*primals, *cotangents)`` (restricted to ``used``) to the
@@ -161,7 +156,7 @@ def vjp_graphs(form, branches, primals, need, present, cotangents):
     return _cache(branches, key, build)
 
 
-def jvp_graphs(form, branches, primals, have, tangents):
+def jvp_graphs(branches, primals, have, tangents):
     """One jvp graph per branch: ``(*primals, *tangents) -> output tangents``."""
     args = (*primals, *tangents)
     key = ("jvp", tuple(have), _signature(args))

@@ -32,18 +32,29 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
     """The functorch Vmap-key rule of both operators."""
     level = interpreter.level()
     tensors, in_dims = _unbatch_all(operands, level)
-    if isinstance(selector, torch.Tensor) and _compat.batched_at(selector, level):
-        value, dim = _compat.unbatch(selector, level)
-        with interpreter.lower():
-            out = run_all_and_select_batched(
-                form, value.movedim(dim, 0), branches, tensors, in_dims,
-                interpreter.batch_size(), interpreter.randomness(),
-            )
-    else:
-        mapped = vmapped_branches(branches, in_dims, interpreter.randomness())
-        with interpreter.lower():
-            out = form.op(selector, *mapped, tuple(tensors))
+    selector, selector_dim = _compat.unbatch(selector, level)
+    with interpreter.lower():
+        out = map_conditional(
+            form, selector, selector_dim, branches, tensors, in_dims,
+            interpreter.batch_size(), interpreter.randomness(),
+        )
     return tuple(_compat.batch(t, 0, level) for t in out)
+
+
+def map_conditional(
+    form: Form, selector, selector_dim, branches, operands, in_dims, batch_size, randomness
+) -> tuple:
+    """The conditional mapped over a batch (dims as vmap gives them); outputs batch-first.
+
+    One selector for the batch keeps one conditional of vmapped branches; a selector
+    per example runs every branch and selects.
+    """
+    if selector_dim is None:
+        mapped = vmapped_branches(branches, in_dims, randomness)
+        return tuple(form.op(selector, *mapped, tuple(operands)))
+    return run_all_and_select_batched(
+        form, selector.movedim(selector_dim, 0), branches, operands, in_dims, batch_size, randomness
+    )
 
 
 def _unbatch_all(operands, level):
