@@ -258,10 +258,12 @@ def _run_marking_stop_gradients(branch, args):
 
 
 def _drop_autograd_detaches(gm: torch.fx.GraphModule) -> None:
+    """Also drops what the trace computed and nothing reads (the vjp's forward outputs)."""
     for node in list(gm.graph.find_nodes(op="call_function", target=_DETACH)):
         if not node.meta.get(_STOP_GRADIENT):
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
 

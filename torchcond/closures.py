@@ -52,8 +52,9 @@ def lift(form: Form, branches, operands: tuple):
     # wrappers of what was lifted.
     wrappers = _compat.FunctionalWrappers()
     with _compat.below_autograd(), _compat.outside_functional_mode():
-        recorded = [SpecCarrier(_recording(b, wrappers), b) for b in branches]
-        functional = [SpecCarrier(_compat.functionalized(b, mode), b) for b in recorded]
+        functional = [
+            SpecCarrier(_compat.functionalized(_recording(b, wrappers), mode), b) for b in branches
+        ]
         inner = _compat.unwrap_functional(operands)
         graphs, inner = trace_branches(tracer, functional, inner, labels)
     lifted = tuple(wrappers.outer(v) for v in inner[len(operands) :])

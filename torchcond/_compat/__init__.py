@@ -480,11 +480,8 @@ def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:
             )
             if lifted:
                 raise AssertionError(f"derivative graph closed over {len(lifted)} values: {lifted}")
-        else:
-            gm = _proxy_tensor.make_fx(run_with_interpreter(fn))(*leaves)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
-    return gm
+            return gm
+        return _proxy_tensor.make_fx(run_with_interpreter(fn))(*leaves)
 
 
 def fake_mode_of(args):
