@@ -18,6 +18,7 @@ from . import _compat
 from ._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode, pytree
 from ._compat import dynamo as _compat_dynamo
 from ._compat import export as _compat_export
+from ._compat import inductor as _compat_inductor
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
 from .errors import CondArgumentError
@@ -119,8 +120,12 @@ def _dense(form: Form, selector, branches, operands):
 
 def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
     """The selector is unknown: run every branch on fake tensors and merge."""
-    with mode, _compat.ignore_fresh_unbacked(mode):
-        return _all_branches_merged(form, branches, operands, mode.shape_env)
+    with mode:
+        # Unbacked sizes inside a branch are the subgraph's own; the merged sizes are
+        # fresh symbols of this node, so the tracer records where they come from.
+        with _compat.ignore_fresh_unbacked(mode):
+            outs = [tuple(b(*operands)) for b in branches]
+        return _merged(form, branches, outs, mode.shape_env)
 
 
 def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operands):
@@ -173,8 +178,11 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
 
 
 def _all_branches_merged(form, branches, operands, shape_env):
+    return _merged(form, branches, [tuple(b(*operands)) for b in branches], shape_env)
+
+
+def _merged(form, branches, outs, shape_env):
     labels = form.labels(len(branches))
-    outs = [tuple(b(*operands)) for b in branches]
     paths = checked_output_paths(branches, labels, len(outs[0]))
     return merge_branch_outputs(outs, labels, paths, shape_env)
 
@@ -216,3 +224,4 @@ for _form in _FORMS.values():
 
 _compat_dynamo.install({form.op: form.taken for form in _FORMS.values()})
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
+_compat_inductor.install(cond_op, switch_op)

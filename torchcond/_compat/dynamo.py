@@ -17,13 +17,12 @@ imported (see ``install``).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
 import warnings
 
 import torch
 import torch.utils._pytree as pytree
+
+from .after_import import when_imported
 
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
 
@@ -34,36 +33,7 @@ def install(taken_by_op: dict) -> None:
     ``taken_by_op`` maps each operator to ``taken(constant_selector, n) -> branch index``,
     used when dynamo sees a constant selector and inlines that branch.
     """
-    module = sys.modules.get(_HOP_VARIABLES)
-    if module is not None:
-        _register(module, taken_by_op)
-    else:
-        sys.meta_path.insert(0, _AfterImport(_HOP_VARIABLES, lambda m: _register(m, taken_by_op)))
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` once ``name`` has been imported, then steps aside."""
-
-    def __init__(self, name, callback):
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-        callback = self.callback
-
-        def exec_then_register(module):
-            exec_module(module)
-            callback(module)
-
-        spec.loader.exec_module = exec_then_register
-        return spec
+    when_imported(_HOP_VARIABLES, lambda module: _register(module, taken_by_op))
 
 
 def _register(hop, taken_by_op: dict) -> None:

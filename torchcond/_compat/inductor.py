@@ -1,0 +1,236 @@
+"""Inductor support: torchcond's operators lower to Inductor's conditional IR.
+
+``torchcond_cond`` lowers exactly as torch's cond does: one ``ir.Conditional`` whose
+branches are lowered as subgraphs, emitted by the wrapper as ``if pred: ... else:``
+around calls of the compiled branch functions. Nothing runs through Python per call
+but the wrapper's own ``if``.
+
+``torchcond_switch`` has no N-way counterpart in Inductor, so it lowers to a chain of
+``ir.Conditional``s: ``switch(i, b0, b1, ..., bn)`` is ``b0 if i <= 0 else
+switch(i - 1, b1, ..., bn)``, the inner switch living in a small synthesized subgraph
+that takes the index as an extra input (and lowers through this same rule). That
+keeps the clamping semantics (a negative index takes ``b0``, a too-large one the last
+branch) without a clamp. A tensor index that is not on the CPU is copied to the host
+once at the top, so the chain costs one device sync, as a cond does.
+
+Also here: Inductor's fake-tensor updater learns which arguments our branches take
+(otherwise it warns once per compile and re-propagates them without inputs).
+
+Checked on torch 2.11.0 and 2.13.0: ``ir.Conditional.create`` reads the operands'
+fake values from ``V.graph.current_node.args[-1]`` on both, which is why the chain's
+links are created under a stand-in node whose last argument lists the extra input.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .after_import import when_imported
+
+_LOWERING = "torch._inductor.lowering"
+_FX_UTILS = "torch._inductor.fx_utils"
+
+
+def install(cond_op, switch_op) -> None:
+    """Register the lowerings once Inductor's lowering table is imported."""
+    when_imported(_LOWERING, lambda lowering: _register_lowerings(lowering, cond_op, switch_op))
+    when_imported(_FX_UTILS, lambda fx_utils: _teach_subgraph_args(fx_utils, (cond_op, switch_op)))
+
+
+def _register_lowerings(lowering, cond_op, switch_op) -> None:
+    import sympy
+
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    aten = torch.ops.aten
+
+    def disable_cudagraphs_if_on_gpu(op_name, values):
+        # Inductor's cudagraph trees cannot record a host-side branch: same reason,
+        # same flag as torch.cond's lowering.
+        if any(isinstance(v, ir.IRNode) and lowering.is_triton(v) for v in values):
+            message = f"control flow operator: {op_name}."
+            stack_trace = V.graph.current_node.meta.get("stack_trace")
+            if stack_trace:
+                message = f"{message} Found from :\n {stack_trace}"
+            V.graph.disable_cudagraphs_reason = message
+
+    def conditional(pred, true_subgraph, false_subgraph, operands):
+        outputs = ir.Conditional.create(pred, true_subgraph, false_subgraph, list(operands))
+        _depend_on_predicate_symbols(pred, outputs)
+        return list(map(ir.TensorBox.create, outputs))
+
+    host = torch.device("cpu")
+
+    def on_host(index, index_value):
+        # The chain reads the index once per link: a device index would sync each time.
+        if isinstance(index, ir.IRNode) and index.get_device() != host:
+            with V.fake_mode:
+                index_value = index_value.to(host)
+            index = lowering.lowerings[aten._to_copy.default](index, device=host)
+        return index, index_value
+
+    def bindable(index, index_value):
+        # A subgraph input binds a plain symbol only (``u0``, not ``min(2, u0)``), so a
+        # compound symbolic index enters the chain as a host tensor.
+        if isinstance(index, sympy.Expr) and not isinstance(index, (sympy.Symbol, sympy.Integer)):
+            with V.fake_mode:
+                index_value = torch.empty((), dtype=torch.int64, device=host)
+            index = lowering.lowerings[aten.scalar_tensor.default](index, dtype=torch.int64, device=host)
+        return index, index_value
+
+    @lowering.register_lowering(cond_op, type_promotion_kind=None)
+    def lower_cond(pred, true_subgraph, false_subgraph, operands):
+        disable_cudagraphs_if_on_gpu(cond_op.name(), [pred, *operands])
+        return conditional(pred, true_subgraph, false_subgraph, operands)
+
+    @lowering.register_lowering(switch_op, type_promotion_kind=None)
+    def lower_switch(index, *branches_then_operands):
+        *branches, operands = branches_then_operands
+        node = V.graph.current_node
+        disable_cudagraphs_if_on_gpu(switch_op.name(), [index, *operands])
+        if len(branches) == 1:
+            # A one-branch switch: both sides of the conditional are that branch.
+            only = branches[0]
+            branches = [only, ir.Subgraph(name=f"{node.name}_only", graph_module=only.graph_module)]
+        index, index_value = on_host(index, _fx_value(node.args[0]))
+        first_taken = _at_most(lowering, index, 0)
+        if len(branches) == 2:
+            return conditional(first_taken, branches[0], branches[1], operands)
+
+        # More than two: b0, else a subgraph holding switch(index - 1, b1, ..., bn).
+        index, index_value = bindable(index, index_value)
+        link = _LinkBuilder(node, [_fx_value(a) for a in node.args[-1]], index_value)
+        first = ir.Subgraph(name=f"{node.name}_case_0", graph_module=link.ignoring_index(branches[0]))
+        rest = ir.Subgraph(name=f"{node.name}_rest", graph_module=link.rest(switch_op, branches[1:]))
+        with V.graph.set_current_node(link.stand_in(switch_op)):
+            return conditional(first_taken, first, rest, [*operands, index])
+
+
+def _depend_on_predicate_symbols(pred, outputs) -> None:
+    """Keep alive the ``.item()`` that defines a data-dependent predicate's symbol.
+
+    A symbolic predicate is a sympy relation (``u0 > 0``), which is not a sympy
+    ``Expr``; ``ExternKernel.get_free_symbol_uses`` only collects symbols from
+    ``Expr`` arguments, so the scheduler drops the node that defines ``u0`` and the
+    wrapper reads an undefined name (torch.cond fails the same way on 2.13). Listing
+    the predicate's symbols as constant arguments (which the conditional's codegen
+    never prints) records the dependency.
+    """
+    import sympy
+
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    if not isinstance(pred, sympy.Basic) or not outputs:
+        return
+    symbols = sorted(free_unbacked_symbols(pred), key=str)
+    if symbols:
+        conditional = outputs[0].inputs[0]
+        conditional.constant_args = (*conditional.constant_args, *symbols)
+
+
+def _fx_value(arg):
+    return arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
+
+
+def _at_most(lowering, index, bound: int):
+    """``index <= bound`` as Inductor's predicate: a bool tensor or a sympy condition."""
+    import sympy
+
+    from torch._inductor import ir
+
+    if isinstance(index, ir.IRNode):
+        return lowering.lowerings[torch.ops.aten.le.Scalar](index, bound)
+    return sympy.Le(sympy.sympify(index), bound)
+
+
+class _LinkBuilder:
+    """Builds the graphs of one link of a switch chain: operands, then the index."""
+
+    def __init__(self, node: torch.fx.Node, operand_values, index_value):
+        self.node = node
+        self.operand_values = operand_values
+        self.index_value = index_value
+
+    def _placeholders(self, graph: torch.fx.Graph):
+        inputs = []
+        for i, value in enumerate([*self.operand_values, self.index_value]):
+            placeholder = graph.placeholder("index" if i == len(self.operand_values) else f"operand_{i}")
+            placeholder.meta["val"] = value
+            inputs.append(placeholder)
+        return inputs[:-1], inputs[-1]
+
+    def ignoring_index(self, branch) -> torch.fx.GraphModule:
+        """The branch's graph, taking the index as a last, unused input."""
+        graph = torch.fx.Graph()
+        source = branch.graph_module.graph
+        value_map: dict = {}
+        placeholders = [n for n in source.nodes if n.op == "placeholder"]
+        for old in placeholders:
+            value_map[old] = graph.node_copy(old, lambda n: value_map[n])
+        graph.placeholder("unused_index").meta["val"] = self.index_value
+        for old in source.nodes:
+            if old.op == "placeholder":
+                continue
+            if old.op == "output":
+                graph.output(torch.fx.map_arg(old.args[0], lambda n: value_map[n]))
+                break
+            value_map[old] = graph.node_copy(old, lambda n: value_map[n])
+        return torch.fx.GraphModule(branch.graph_module, graph)
+
+    def rest(self, switch_op, branches) -> torch.fx.GraphModule:
+        """``(*operands, index) -> switch(index - 1, *branches, operands)``."""
+        graph = torch.fx.Graph()
+        operands, index = self._placeholders(graph)
+        shifted = graph.call_function(self._minus_one_target(), (index, 1))
+        shifted.meta["val"] = self.index_value - 1
+        names = [f"case_{k + 1}" for k in range(len(branches))]
+        attrs = [graph.get_attr(name) for name in names]
+        inner = graph.call_function(switch_op, (shifted, *attrs, tuple(operands)))
+        inner.meta = dict(self.node.meta)
+        outputs = []
+        for i, value in enumerate(self.node.meta["val"]):
+            out = graph.call_function(operator.getitem, (inner, i))
+            out.meta["val"] = value
+            outputs.append(out)
+        graph.output(tuple(outputs))
+        return torch.fx.GraphModule({n: b.graph_module for n, b in zip(names, branches)}, graph)
+
+    def stand_in(self, switch_op) -> torch.fx.Node:
+        """A node like the switch being lowered whose operands end with the index."""
+        graph = torch.fx.Graph()
+        operands, index = self._placeholders(graph)
+        stand_in = graph.call_function(switch_op, (index, (*operands, index)))
+        stand_in.meta = dict(self.node.meta)
+        return stand_in
+
+    def _minus_one_target(self):
+        if isinstance(self.index_value, torch.Tensor):
+            return torch.ops.aten.sub.Tensor
+        return operator.sub
+
+
+def _teach_subgraph_args(fx_utils, ops) -> None:
+    """Tell Inductor's fake-tensor updater that every branch takes the operands.
+
+    torch 2.13 looks up each higher-order operator's subgraph arguments in
+    ``_extract_subgraphs_and_args``; an unknown operator gets a warning per compile.
+    torch 2.11 has no such table (and no warning): nothing to do.
+    """
+    original = getattr(fx_utils, "_extract_subgraphs_and_args", None)
+    if original is None or getattr(original, "_torchcond", False):
+        return
+
+    def extract_subgraphs_and_args(node, valid_subgraphs, *args, **kwargs):
+        if node.target not in ops:
+            yield from original(node, valid_subgraphs, *args, **kwargs)
+            return
+        operands = tuple(args[-1])
+        for branch in args[1:-1]:
+            if branch in valid_subgraphs:
+                yield branch, operands
+
+    extract_subgraphs_and_args._torchcond = True
+    fx_utils._extract_subgraphs_and_args = extract_subgraphs_and_args
