@@ -83,6 +83,7 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
 
     @lowering.register_lowering(cond_op, type_promotion_kind=None)
     def lower_cond(pred, true_subgraph, false_subgraph, operands):
+        _refuse_unbound_predicate(cond_op.name(), V.graph.current_node, pred)
         disable_cudagraphs_if_on_gpu(cond_op.name(), [pred, *operands])
         return conditional(pred, true_subgraph, false_subgraph, operands)
 
@@ -107,6 +108,37 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
         rest = ir.Subgraph(name=f"{node.name}_rest", graph_module=link.rest(switch_op, branches[1:]))
         with V.graph.set_current_node(link.stand_in(switch_op)):
             return conditional(first_taken, first, rest, [*operands, index])
+
+
+def _refuse_unbound_predicate(op_name: str, node: torch.fx.Node, pred) -> None:
+    """A graph input such as ``Sym(zuf0 > 0.0)`` cannot be read by Inductor's wrapper.
+
+    That happens in a backward graph when the forward's predicate came from
+    ``.item()``: the partitioner saves the relation itself, and Inductor binds only
+    plain symbols from graph inputs, so the compiled code would fail with a NameError
+    on its first call (torch.cond fails the same way on 2.13).
+    """
+    import sympy
+
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    from ..errors import UnsupportedCondError
+
+    selector = node.args[0]
+    if (
+        isinstance(selector, torch.fx.Node)
+        and selector.op == "placeholder"
+        and isinstance(pred, sympy.Basic)
+        and not isinstance(pred, sympy.Symbol)
+        and free_unbacked_symbols(pred)
+    ):
+        raise UnsupportedCondError(
+            f"{op_name}: Inductor cannot compile a graph whose predicate is the input "
+            f"{selector.name} = {pred}, a relation over a value read with .item(). This "
+            "happens in the backward of a conditional on a Python scalar taken from a "
+            "tensor. Keep the predicate a tensor (for example `x.sum() > 0` rather than "
+            "`x.sum().item() > 0`), or train with backend='aot_eager'."
+        )
 
 
 def _depend_on_predicate_symbols(pred, outputs) -> None:

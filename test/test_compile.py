@@ -1,0 +1,220 @@
+"""torch.compile matrix: backend x {cond, switch} x predicate kind x {inference, training}.
+
+Every case compiles a module whose branches close over a parameter and a buffer, runs
+it on inputs that take every branch (an out-of-range switch index included), and
+checks, against the same module run eagerly:
+
+* outputs, and in training the gradients of the input and of every parameter;
+* one compiled frame for all of those inputs: changing only the predicate's value
+  never recompiles (``error_on_recompile`` turns a recompile into a failure);
+* the dynamo graph holds exactly one of our operators, and no torch.cond.
+
+Predicate kinds: ``tensor`` (a bool/int tensor argument), ``shape`` (from the input's
+size, compiled with ``dynamic=True``), ``data`` (computed from the input's values),
+``item`` (a Python scalar from ``.item()``: an unbacked SymBool/SymInt, with
+``capture_scalar_outputs``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from torchcond import UnsupportedCondError, cond, switch
+
+BACKENDS = ["eager", "aot_eager", "inductor"]
+OPS = ["cond", "switch"]
+PREDICATES = ["tensor", "shape", "data", "item"]
+MODES = ["inference", "training"]
+
+
+class Net(torch.nn.Module):
+    def __init__(self, op: str, predicate: str):
+        super().__init__()
+        self.op = op
+        self.predicate = predicate
+        self.lin = torch.nn.Linear(4, 4)
+        self.scale = torch.nn.Parameter(torch.tensor(1.5))
+        self.register_buffer("shift", torch.tensor(0.25))
+
+    def selector(self, x, p):
+        cond_op = self.op == "cond"
+        if self.predicate == "tensor":
+            return p
+        if self.predicate == "shape":
+            return x.shape[0] > 3 if cond_op else x.shape[0] - 3
+        if self.predicate == "data":
+            return x.sum() > 0 if cond_op else (x.mean() * 2).round().long()
+        if cond_op:
+            return x.sum().item() > 0
+        return int((x.mean() * 2).round().long().item())
+
+    def forward(self, x, p):
+        branches = [
+            lambda a: self.lin(a).tanh(),
+            lambda a: (a * self.scale).sin() + self.shift,
+            lambda a: a.cos() * self.lin.bias,
+        ]
+        selector = self.selector(x, p)
+        if self.op == "cond":
+            return cond(selector, branches[0], branches[1], (x,))
+        return switch(selector, branches, (x,))
+
+
+def inputs(op: str, predicate: str):
+    """(x, p) pairs that, between them, take every branch."""
+    torch.manual_seed(0)
+    if predicate == "tensor":
+        selectors = [True, False] if op == "cond" else [-1, 0, 1, 2, 7]
+        return [(torch.randn(3, 4), torch.tensor(s)) for s in selectors]
+    unused = torch.tensor(0)
+    if predicate == "shape":
+        rows = [2, 5] if op == "cond" else [2, 3, 4, 5, 6]  # index rows - 3: -1 .. 3
+        return [(torch.randn(n, 4), unused) for n in rows]
+    # data/item: cond on the sign of the sum, switch on round(2 * mean): -2, 0, 1, 2, 8.
+    means = [1.0, -1.0] if op == "cond" else [-1.0, 0.0, 0.5, 1.0, 4.0]
+    return [(torch.full((3, 4), m) + 0.01 * torch.randn(3, 4), unused) for m in means]
+
+
+def our_nodes(gm: torch.fx.GraphModule):
+    return [
+        n for n in gm.graph.nodes
+        if n.op == "call_function" and getattr(n.target, "__name__", "").startswith("torchcond_")
+    ]
+
+
+# Inductor cannot bind the saved relation ``zuf0 > 0.0`` in the backward graph; the
+# lowering refuses it with a clear message (test_inductor_refuses_a_saved_item_relation).
+REFUSED = {("inductor", "cond", "item", "training")}
+CASES = [c for c in itertools.product(BACKENDS, OPS, PREDICATES, MODES) if c not in REFUSED]
+
+
+@pytest.mark.parametrize(
+    "backend,op,predicate,mode", CASES, ids=["-".join(c) for c in CASES]
+)
+def test_compiled_matches_eager_without_recompiling(backend, op, predicate, mode):
+    torch._dynamo.reset()
+    model = Net(op, predicate)
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(
+        model, backend=counter, fullgraph=True, dynamic=True if predicate == "shape" else None
+    )
+    config = {"error_on_recompile": True, "capture_scalar_outputs": predicate == "item"}
+    with torch._dynamo.config.patch(config):
+        for x, p in inputs(op, predicate):
+            if mode == "inference":
+                with torch.no_grad():
+                    torch.testing.assert_close(compiled(x, p), model(x, p))
+                continue
+            x = x.requires_grad_()
+            wrt = [x, *model.parameters()]
+            got = torch.autograd.grad(compiled(x, p).square().sum(), wrt, allow_unused=True)
+            want = torch.autograd.grad(model(x, p).square().sum(), wrt, allow_unused=True)
+            for name, g, w in zip(["x", *dict(model.named_parameters())], got, want):
+                # A parameter the taken branch does not read: None when the branch runs
+                # as Python (eagerly, or under the eager backend), zeros when the
+                # derivative is a traced conditional (one structure for all branches).
+                if w is None and g is not None:
+                    w = torch.zeros_like(g)
+                torch.testing.assert_close(g, w, msg=lambda m: f"gradient of {name}: {m}")
+
+    assert counter.frame_count == 1
+    (graph,) = counter.graphs
+    nodes = our_nodes(graph)
+    assert [n.target.__name__ for n in nodes] == [f"torchcond_{op}"]
+    assert all(n.target is not torch.ops.higher_order.cond for n in graph.graph.nodes)
+    # Branches are subgraphs of the dynamo graph; the parameters and the buffer they
+    # close over are lifted into explicit operands.
+    (node,) = nodes
+    branch_attrs = node.args[1:-1]
+    assert len(branch_attrs) == (2 if op == "cond" else 3)
+    assert all(isinstance(getattr(graph, a.target), torch.fx.GraphModule) for a in branch_attrs)
+    tensors = [a for a in node.args[-1] if isinstance(a.meta["example_value"], torch.Tensor)]
+    assert len(tensors) == 1 + 4  # x, then lin.weight, lin.bias, scale, shift
+
+
+def test_inductor_refuses_a_saved_item_relation():
+    # torch.cond compiles this and fails at run time with "name 'zuf0' is not defined".
+    torch._dynamo.reset()
+    model = Net("cond", "item")
+    compiled = torch.compile(model, backend="inductor", fullgraph=True)
+    x = torch.randn(3, 4, requires_grad=True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        with pytest.raises(Exception, match=r"torchcond_cond: Inductor cannot compile .* \.item\(\)") as info:
+            compiled(x, torch.tensor(0)).sum().backward()
+    assert any(isinstance(e, UnsupportedCondError) for e in _chain(info.value))
+
+
+def _chain(error):
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+# --- Inductor lowers to its conditional IR, not to a Python fallback -------------------
+
+
+def inductor_code(fn, *args, dynamic=None):
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out, codes = run_and_get_code(torch.compile(fn, backend="inductor", fullgraph=True, dynamic=dynamic), *args)
+    torch.testing.assert_close(out, fn(*args))
+    return "\n".join(codes)
+
+
+def defined_functions(code: str) -> list[str]:
+    return [line.split("(")[0][4:] for line in code.splitlines() if line.startswith("def ") and "(args)" in line]
+
+
+def branch_lines(code: str) -> list[str]:
+    lines = [line.strip() for line in code.splitlines()]
+    return [line for line in lines if line.startswith("if ") and line.endswith(":") and "__name__" not in line]
+
+
+def no_fallback(code: str) -> bool:
+    # The operator may be named in assert messages; it must never be called.
+    return "higher_order.torchcond_" not in code and "torchcond_cond(" not in code.replace("def torchcond_cond", "")
+
+
+def test_inductor_lowers_cond_to_a_host_branch_over_compiled_subgraphs():
+    def f(x, p):
+        return cond(p, lambda a: a.cos() * a, lambda a: a.sin() + 1, (x,))
+
+    code = inductor_code(f, torch.randn(8), torch.tensor(True))
+    assert defined_functions(code) == ["true_graph_0", "false_graph_0"]
+    (line,) = branch_lines(code)
+    assert line.endswith(".item():")  # a tensor predicate is read once, on the host
+    assert no_fallback(code)
+    # Each branch is a compiled kernel, not a call back into Python.
+    assert code.count("cpp_fused_") >= 2
+
+
+def test_inductor_lowers_a_shape_predicate_to_a_symbolic_if():
+    def f(x):
+        return cond(x.shape[0] > 4, lambda a: a.cos(), lambda a: a.sin(), (x,))
+
+    code = inductor_code(f, torch.randn(8), dynamic=True)
+    (line,) = branch_lines(code)
+    assert line.startswith("if s") and line.endswith(" > 4:"), line  # e.g. "if s77 > 4:"
+    assert no_fallback(code)
+
+
+def test_inductor_lowers_switch_to_a_chain_of_conditionals():
+    branches = [lambda a: a + 1, lambda a: a * 2, lambda a: a.cos(), lambda a: a.sin()]
+
+    def f(x, i):
+        return switch(i, branches, (x,))
+
+    for i in (-3, 0, 1, 2, 3, 9):
+        code = inductor_code(f, torch.randn(8), torch.tensor(i))
+    # switch(i, b0, b1, b2, b3) = b0 if i <= 0 else switch(i - 1, b1, b2, b3), and so on:
+    # three host branches, each in the function of the link it belongs to.
+    assert len(branch_lines(code)) == 3
+    functions = defined_functions(code)
+    assert sum(name.endswith("_rest") for name in functions) == 2
+    assert no_fallback(code)
