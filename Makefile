@@ -37,6 +37,7 @@ bench-smoke: install
 	$(PY) benchmarks/bench_first_call.py --quick
 	$(PY) benchmarks/bench_autograd.py --quick
 	$(PY) benchmarks/bench_select.py --quick
+	$(PY) benchmarks/bench_compile.py --quick
 
 # The CUDA select kernel compiles with nvcc alone (no CUDA torch needed): CI has no
 # GPU and a CPU torch, so this is how the kernel stays compilable there. ptxas

@@ -92,9 +92,19 @@ REFUSED = {("inductor", "cond", "item", "training")}
 CASES = [c for c in itertools.product(BACKENDS, OPS, PREDICATES, MODES) if c not in REFUSED]
 
 
-@pytest.mark.parametrize(
-    "backend,op,predicate,mode", CASES, ids=["-".join(c) for c in CASES]
-)
+TORCH_2_11 = torch.__version__.startswith("2.11")
+
+
+def case_param(case):
+    marks = []
+    if TORCH_2_11 and case[0] == "inductor" and case[2] == "shape" and case[3] == "training":
+        # The backward graph takes the SymBool ``s0 > 3`` as an input, which Inductor
+        # 2.11 rejects ("Unsupported inductor graph input type"); torch.cond too.
+        marks.append(pytest.mark.xfail(reason="Inductor 2.11 rejects a SymBool graph input", strict=True))
+    return pytest.param(*case, id="-".join(case), marks=marks)
+
+
+@pytest.mark.parametrize("backend,op,predicate,mode", [case_param(c) for c in CASES])
 def test_compiled_matches_eager_without_recompiling(backend, op, predicate, mode):
     torch._dynamo.reset()
     model = Net(op, predicate)
@@ -218,3 +228,23 @@ def test_inductor_lowers_switch_to_a_chain_of_conditionals():
     functions = defined_functions(code)
     assert sum(name.endswith("_rest") for name in functions) == 2
     assert no_fallback(code)
+
+
+def test_select_strategy_compiles_with_inductor_without_a_host_branch():
+    def f(x, i):
+        y = cond(x.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (x,), strategy="select")
+        return switch(i, [lambda a: a * 3, lambda a: a.exp(), lambda a: -a], (y,), strategy="select")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="inductor", fullgraph=True)
+    for sign in (1.0, -1.0):
+        for i in (-1, 1, 5):
+            x = (sign * torch.rand(5)).requires_grad_()
+            index = torch.tensor(i)
+            torch.testing.assert_close(compiled(x, index), f(x, index))
+            (got,) = torch.autograd.grad(compiled(x, index).sum(), x)
+            (want,) = torch.autograd.grad(f(x, index).sum(), x)
+            torch.testing.assert_close(got, want)
+    code = inductor_code(f, torch.rand(5), torch.tensor(1))
+    assert branch_lines(code) == []  # every branch runs; the fused select picks on the device
+    assert "torchcond.select" in code and "torchcond.select_n" in code

@@ -30,7 +30,13 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._len_torch_function_stack
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _capturing = torch.cuda.is_current_stream_capturing
+# Module-level names for what the dynamo path reads: a compiled function guards on
+# every global its trace touched, and reaching ``torch`` through this module as well
+# as through the user's would add an alias guard (a Python lambda) to every call.
 _BOOL = torch.bool
+_INT64 = torch.int64
+_SymBool, _SymInt, _SymFloat = torch.SymBool, torch.SymInt, torch.SymFloat
+_sym_min, _sym_max = torch.sym_min, torch.sym_max
 
 
 def cond(
@@ -65,13 +71,15 @@ def cond(
     picked on the device by one fused select: the predicate is never read on the
     host (no device sync). Both branches must then return the same shapes.
     """
+    if _dynamo_compiling():
+        return _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy)
     if (
         strategy == "auto"
         and type(pred) is _Tensor
         and callable(true_fn)
         and callable(false_fn)
         and _plain_operands(operands)
-        and not (_dynamo_compiling() or _dispatch_modes() or _function_modes())
+        and not (_dispatch_modes() or _function_modes())
         and (pred.dtype is _BOOL or not pred.is_complex())
         and not (pred.is_cuda and _capturing())  # a host read would break the capture
     ):
@@ -102,6 +110,8 @@ def switch(
         operands: a tuple or list of pytrees whose leaves are tensors.
         strategy: ``"auto"`` or ``"select"``, as for :func:`cond`.
     """
+    if _dynamo_compiling():
+        return _switch_under_dynamo(index, branches, operands, strategy)
     if (
         strategy == "auto"
         and type(index) is _Tensor
@@ -109,7 +119,7 @@ def switch(
         and branches
         and _all_callable(branches)
         and _plain_operands(operands)
-        and not (_dynamo_compiling() or _dispatch_modes() or _function_modes())
+        and not (_dispatch_modes() or _function_modes())
         and index.dtype in _INTEGER_DTYPES
         and not (index.is_cuda and _capturing())
     ):
@@ -124,18 +134,43 @@ def switch(
 # --- the traced path ------------------------------------------------------------------
 
 
+def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
+    """Dynamo traces this: it speculates the branches itself and inlines constant
+    predicates (_compat/dynamo.py); it sees a SymBool as a bool, hence a path of its own.
+
+    Every global this touches becomes a guard the compiled code checks on each call,
+    so it stays short and reads nothing through a second module (an alias guard is a
+    Python lambda).
+    """
+    _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
+    _check_operands(operands)
+    if strategy != "auto":
+        return _cond_slow(pred, true_fn, false_fn, operands, strategy)
+    if isinstance(pred, _Tensor):
+        pred = _normalize_pred(pred)
+    return cond_op(pred, true_fn, false_fn, operands)
+
+
+def _switch_under_dynamo(index, branches, operands, strategy):
+    """As ``_cond_under_dynamo``; the graph holds the clamped index, as in other modes."""
+    branches = _check_branch_list(branches)
+    _check_operands(operands)
+    if strategy != "auto":
+        return _switch_slow(index, branches, operands, strategy)
+    n = len(branches)
+    if isinstance(index, _Tensor):
+        index = _normalize_index(index, n)
+    else:  # a SymInt (dynamo's isinstance calls it an int) or a Python int
+        index = _sym_min(_sym_max(_python_scalar(index), 0), n - 1)
+    return switch_op(index, *branches, operands)
+
+
 def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto"):
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
     if _use_select(strategy, pred):
         labelled = [(true_fn, "true_fn"), (false_fn, "false_fn")]
         return _select_path(cond_op, _normalize_pred(pred), labelled, operands, strategy)
-    if _compat.is_dynamo_compiling():
-        # Dynamo sees a SymBool as a bool, so it gets its own path; it speculates the
-        # user's branches itself and inlines constant predicates (_compat/dynamo.py).
-        if isinstance(pred, torch.Tensor):
-            pred = _normalize_pred(pred)
-        return cond_op(pred, true_fn, false_fn, operands)
     pred = _python_scalar(pred)
     if isinstance(pred, (bool, int, float)):
         _warn_if_exporting("cond", "pred", pred, "a tensor or a SymBool")
@@ -156,13 +191,6 @@ def _switch_slow(index, branches, operands, strategy="auto"):
         labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
         return _select_path(switch_op, _normalize_index(index, n), labelled, operands, strategy)
     index = _python_scalar(index)
-    if _compat.is_dynamo_compiling():
-        # As in the other modes, the graph holds the clamped index.
-        if isinstance(index, torch.Tensor):
-            index = _normalize_index(index, n)
-        else:
-            index = torch.sym_min(torch.sym_max(index, 0), n - 1)
-        return switch_op(index, *branches, operands)
     if isinstance(index, int) and not isinstance(index, bool):
         _warn_if_exporting("switch", "index", index, "a tensor or a SymInt")
         return branches[clamp_index(index, n)](*operands)
@@ -246,32 +274,32 @@ def _warn_if_exporting(fn_name: str, arg: str, value, instead: str) -> None:
 
 def _normalize_pred(pred):
     """Symbolic and tensor predicates as the operator takes them: SymBool or bool scalar."""
-    if isinstance(pred, torch.SymBool):
+    if isinstance(pred, _SymBool):
         return pred
-    if isinstance(pred, (torch.SymInt, torch.SymFloat)):
+    if isinstance(pred, (_SymInt, _SymFloat)):
         return pred != 0
-    if not isinstance(pred, torch.Tensor):
+    if not isinstance(pred, _Tensor):
         raise CondArgumentError(
             "cond: argument 'pred' must be a Python bool or number, a SymBool, or a "
             f"tensor with one element; found {type(pred).__name__} ({pred!r})"
         )
     _check_pred_tensor(pred)
-    if pred.dtype is not torch.bool:
+    if pred.dtype is not _BOOL:
         pred = pred != 0
     return pred.reshape(()) if pred.dim() else pred
 
 
 def _normalize_index(index, n: int):
-    if isinstance(index, torch.SymInt):
-        return torch.sym_min(torch.sym_max(index, 0), n - 1)
-    if not isinstance(index, torch.Tensor):
+    if isinstance(index, _SymInt):
+        return _sym_min(_sym_max(index, 0), n - 1)
+    if not isinstance(index, _Tensor):
         raise CondArgumentError(
             "switch: argument 'index' must be a Python int, a SymInt, or a one-element "
             f"integer tensor; found {type(index).__name__} ({index!r})"
         )
     _check_index_tensor(index)
     # int64 first: a narrow dtype (uint8, int8) cannot even hold n - 1 for many branches.
-    return index.reshape(()).to(torch.int64).clamp(0, n - 1)
+    return index.reshape(()).to(_INT64).clamp(0, n - 1)
 
 
 # --- validation -----------------------------------------------------------------------
@@ -303,7 +331,7 @@ def _check_index_tensor(index: torch.Tensor) -> None:
     if not _is_integer_dtype(index.dtype):
         raise CondArgumentError(
             f"switch: argument 'index' must have an integer dtype; found {index.dtype}"
-            + (" (use cond for a boolean predicate)" if index.dtype is torch.bool else "")
+            + (" (use cond for a boolean predicate)" if index.dtype is _BOOL else "")
         )
     if index.numel() != 1:
         raise CondArgumentError(
@@ -353,7 +381,9 @@ def _plain_operands(operands) -> bool:
 
 
 def _check_operands(operands) -> None:
-    if _plain_operands(operands):
+    # isinstance, not _plain_operands' exact type test: under dynamo, ``type(o)`` is
+    # reached through torch's own module and would cost an alias guard per call.
+    if type(operands) in (tuple, list) and all(isinstance(o, _Tensor) for o in operands):
         return
     if not isinstance(operands, (tuple, list)):
         raise CondArgumentError(
