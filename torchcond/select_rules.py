@@ -65,26 +65,36 @@ def _tangent_or_zero(tangent, meta):
     return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
 
-class _SelectFunction(torch.autograd.Function):
+class _SelectorFunction(torch.autograd.Function):
+    """``op(selector, count, *values)``: what select and select_n save is the same."""
+
     generate_vmap_rule = True
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        selector, count, *values = inputs
+        ctx.save_for_backward(selector)
+        ctx.save_for_forward(selector)
+        ctx.count = count
+        ctx.meta = _meta(values)  # for zero tangents (jvp)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def _zero_filled(ctx, tangents):
+        return [_tangent_or_zero(t, m) for t, m in zip(tangents, ctx.meta)]
+
+
+class _SelectFunction(_SelectorFunction):
+    """``count`` is the number of true values."""
 
     @staticmethod
     def forward(pred, n, *values):
         return tuple(_OPS.select(pred, list(values[:n]), list(values[n:])))
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        pred, n, *values = inputs
-        ctx.save_for_backward(pred)
-        ctx.save_for_forward(pred)
-        ctx.n = n
-        ctx.meta = _meta(values)  # for zero tangents (jvp)
-        ctx.set_materialize_grads(False)
-
-    @staticmethod
     def backward(ctx, *grads):
         (pred,) = ctx.saved_tensors
-        n = ctx.n
+        n = ctx.count
         need = ctx.needs_input_grad[2:]
         grad_true, grad_false = _select_grads(
             pred, grads, need[:n], need[n:], _select_differentiable
@@ -94,39 +104,30 @@ class _SelectFunction(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, pred_tangent, n_tangent, *tangents):
         (pred,) = ctx.saved_tensors
-        n = ctx.n
-        tangents = [_tangent_or_zero(t, m) for t, m in zip(tangents, ctx.meta)]
+        n = ctx.count
+        tangents = _SelectorFunction._zero_filled(ctx, tangents)
         return tuple(_select_differentiable(pred, tangents[:n], tangents[n:]))
 
 
-class _SelectNFunction(torch.autograd.Function):
-    generate_vmap_rule = True
+class _SelectNFunction(_SelectorFunction):
+    """``count`` is the number of branches."""
 
     @staticmethod
     def forward(index, num_branches, *flat):
         return tuple(_OPS.select_n(index, list(flat), num_branches))
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        index, num_branches, *flat = inputs
-        ctx.save_for_backward(index)
-        ctx.save_for_forward(index)
-        ctx.num_branches = num_branches
-        ctx.meta = _meta(flat)
-        ctx.set_materialize_grads(False)
-
-    @staticmethod
     def backward(ctx, *grads):
         (index,) = ctx.saved_tensors
         need = ctx.needs_input_grad[2:]
-        result = _select_n_grads(index, grads, ctx.num_branches, need, _select_n_differentiable)
+        result = _select_n_grads(index, grads, ctx.count, need, _select_n_differentiable)
         return (None, None, *result)
 
     @staticmethod
     def jvp(ctx, index_tangent, nb_tangent, *tangents):
         (index,) = ctx.saved_tensors
-        tangents = [_tangent_or_zero(t, m) for t, m in zip(tangents, ctx.meta)]
-        return tuple(_select_n_differentiable(index, tangents, ctx.num_branches))
+        tangents = _SelectorFunction._zero_filled(ctx, tangents)
+        return tuple(_select_n_differentiable(index, tangents, ctx.count))
 
 
 # --- reference path (torch.where): only for a stale extension without the ops --------
