@@ -142,10 +142,10 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
     so it stays short and reads nothing through a second module (an alias guard is a
     Python lambda).
     """
+    if strategy != "auto":  # "select" (or a bad value): the shared path checks it all
+        return _cond_slow(pred, true_fn, false_fn, operands, strategy)
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
-    if strategy != "auto":
-        return _cond_slow(pred, true_fn, false_fn, operands, strategy)
     if isinstance(pred, _Tensor):
         pred = _normalize_pred(pred)
     return cond_op(pred, true_fn, false_fn, operands)
@@ -153,10 +153,10 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
 
 def _switch_under_dynamo(index, branches, operands, strategy):
     """As ``_cond_under_dynamo``; the graph holds the clamped index, as in other modes."""
-    branches = _check_branch_list(branches)
-    _check_operands(operands)
     if strategy != "auto":
         return _switch_slow(index, branches, operands, strategy)
+    branches = _check_branch_list(branches)
+    _check_operands(operands)
     n = len(branches)
     if isinstance(index, _Tensor):
         index = _normalize_index(index, n)
