@@ -75,6 +75,7 @@ DYNAMO_CASES = {
     "views_with_offsets": lambda x, i: cond(x.sum() > 0, lambda a: (a, a[1:]), lambda a: (a * 2, a[:-1] + 0), (x,)),
     "different_strides": lambda x, i: cond(x.sum() > 0, lambda a: a.t().contiguous().t(), lambda a: a * 2, (x,)),
     "different_sizes": lambda x, i: cond(x.sum() > 0, lambda a: a[1:], lambda a: a[:1] * 2, (x,)),
+    "no_operands": lambda x, i: switch(i, [lambda: torch.ones(2), lambda: torch.zeros(2), lambda: torch.full((2,), 3.0)], ()),
     "dict_outputs": lambda x, i: cond(x.sum() > 0, lambda a: {"h": a + 1, "l": [a]}, lambda a: {"h": a, "l": [a * 3]}, (x,)),
 }
 

@@ -197,19 +197,12 @@ class _LinkBuilder:
     def ignoring_index(self, branch) -> torch.fx.GraphModule:
         """The branch's graph, taking the index as a last, unused input."""
         graph = torch.fx.Graph()
-        source = branch.graph_module.graph
-        value_map: dict = {}
-        placeholders = [n for n in source.nodes if n.op == "placeholder"]
-        for old in placeholders:
-            value_map[old] = graph.node_copy(old, lambda n: value_map[n])
-        graph.placeholder("unused_index").meta["val"] = self.index_value
-        for old in source.nodes:
-            if old.op == "placeholder":
-                continue
-            if old.op == "output":
-                graph.output(torch.fx.map_arg(old.args[0], lambda n: value_map[n]))
-                break
-            value_map[old] = graph.node_copy(old, lambda n: value_map[n])
+        outputs = graph.graph_copy(branch.graph_module.graph, {})
+        inputs = [n for n in graph.nodes if n.op == "placeholder"]
+        where = graph.inserting_after(inputs[-1]) if inputs else graph.inserting_before(None)
+        with where:
+            graph.placeholder("unused_index").meta["val"] = self.index_value
+        graph.output(outputs)
         return torch.fx.GraphModule(branch.graph_module, graph)
 
     def rest(self, switch_op, branches) -> torch.fx.GraphModule:
