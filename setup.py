@@ -10,20 +10,62 @@ torch's OpenMP backend it runs in parallel only when the extension is compiled w
 -fopenmp (without it, it silently runs on one thread), so -fopenmp is added when
 torch uses OpenMP and the compiler accepts it.
 
+The C++ standard is the one the installed torch's headers need (C++17 up to torch
+2.12, C++20 from 2.13): torch.utils.cpp_extension adds it, so no -std flag is set here.
+
+The build writes torchcond/_build_info.json next to the extension: the torch and CUDA
+versions it compiled against. `import torchcond` compares them with the running torch
+(torchcond/_extension.py) and explains a mismatch instead of failing on a symbol.
+Object files go to a build folder per torch build, and a change of torch relinks, so
+one checkout can be rebuilt for each torch in turn.
+
 Install with: pip install --no-build-isolation -e .
 (no build isolation, so pip uses the torch already installed instead of fetching one)
 """
 
 import glob
+import json
 import os
 import sys
 
-from setuptools import find_packages, setup
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+import shutil
 
-import torch
+from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cuda_home_from_nvcc() -> None:
+    """Point CUDA_HOME at the toolkit when nvcc on PATH is a wrapper outside it.
+
+    torch.utils.cpp_extension takes CUDA_HOME as the folder above `which nvcc`; for a
+    wrapper script such as /usr/local/bin/nvcc that is /usr/local, where neither
+    cuda_runtime.h nor libcudart lives, and the link fails (-lcudart). Must run
+    before torch.utils.cpp_extension is imported, which reads CUDA_HOME once.
+    """
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return
+    guess = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    if os.path.exists(os.path.join(guess, "include", "cuda_runtime.h")):
+        return
+    for home in ("/usr/local/cuda",):
+        if os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+            os.environ["CUDA_HOME"] = home
+            return
+
+
+_cuda_home_from_nvcc()
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import (  # noqa: E402
+    CUDA_HOME,
+    BuildExtension,
+    CppExtension,
+    CUDAExtension,
+)
 
 
 def _want_cuda() -> bool:
@@ -53,25 +95,111 @@ def _openmp_flags() -> list[str]:
     return ["-fopenmp"]
 
 
+def _default_cuda_arch_list() -> None:
+    """With no GPU visible, compile for the GPUs the installed torch itself was built for.
+
+    torch.utils.cpp_extension derives the architectures from the visible GPUs when
+    TORCH_CUDA_ARCH_LIST is unset, and fails (an empty list) on a machine without one.
+    torch._C._cuda_getArchFlags() is what torch.cuda.get_arch_list() returns once a
+    GPU is present (checked on torch 2.11, 2.13 and 2.14).
+    """
+    if os.environ.get("TORCH_CUDA_ARCH_LIST") or torch.cuda.device_count() > 0:
+        return
+    flags = torch._C._cuda_getArchFlags().split()
+    archs = [f"{int(f[3:]) // 10}.{int(f[3:]) % 10}" for f in flags if f.startswith("sm_")]
+    if not archs:
+        raise SystemExit(
+            "no GPU is visible and torch lists no CUDA architectures: set "
+            "TORCH_CUDA_ARCH_LIST (e.g. '8.0;9.0') or TORCHCOND_CUDA=0"
+        )
+    archs[-1] += "+PTX"
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+
+
+WITH_CUDA = _want_cuda()
+if WITH_CUDA:
+    _default_cuda_arch_list()
+
+
+def build_info() -> dict:
+    """What the extension is compiled against; _extension.py reads it back at import."""
+    return {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "with_cuda": WITH_CUDA,
+    }
+
+
 def _extension():
     os.chdir(ROOT)
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+    headers = sorted(glob.glob("csrc/*.h") + glob.glob("csrc/*/*.h") + glob.glob("csrc/*/*.cuh"))
     omp = _openmp_flags()
-    cxx = ["-O3", "-std=c++17", *omp]
+    cxx = ["-O3", *omp]
     # At run time libgomp.so.1 is the copy torch already loaded (same soname).
     link = list(omp)
-    if not _want_cuda():
+    if not WITH_CUDA:
         return CppExtension(
-            "torchcond._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link
+            "torchcond._C",
+            sources,
+            depends=headers,
+            extra_compile_args={"cxx": cxx},
+            extra_link_args=link,
         )
     sources += sorted(f for f in glob.glob("csrc/cuda/*.cu") if not f.endswith("_check.cu"))
     return CUDAExtension(
         "torchcond._C",
         sources,
+        depends=headers,
         define_macros=[("TORCHCOND_WITH_CUDA", None)],
-        extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17"]},
+        extra_compile_args={"cxx": cxx, "nvcc": ["-O3"]},
         extra_link_args=link,
     )
+
+
+class BuildExt(BuildExtension):
+    """torch's BuildExtension, keeping one build per torch and recording what it used."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        # Object files compiled against one torch's headers never serve another torch.
+        tag = f"torch-{torch.__version__}-{'cuda' if WITH_CUDA else 'cpu'}".replace("+", "_")
+        self.build_temp = os.path.join(self.build_temp, tag)
+
+    def build_extension(self, ext) -> None:
+        path = self._build_info_path(ext)
+        # The sources may be older than a library built for another torch: relink then.
+        if _read_json(path) != build_info():
+            self.force = True
+        super().build_extension(ext)
+        with open(path, "w") as f:
+            json.dump(build_info(), f, indent=1)
+            f.write("\n")
+
+    def copy_extensions_to_source(self) -> None:
+        """In-place and editable builds: the record goes beside the library's copy."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace_file, _ = self._get_inplace_equivalent(build_py, ext)
+            self.copy_file(
+                self._build_info_path(ext),
+                os.path.join(os.path.dirname(inplace_file), "_build_info.json"),
+                level=self.verbose,
+            )
+
+    def _build_info_path(self, ext) -> str:
+        """In the build folder (build_lib), beside the library as first linked."""
+        library = os.path.join(self.build_lib, self.get_ext_filename(self.get_ext_fullname(ext.name)))
+        return os.path.join(os.path.dirname(library), "_build_info.json")
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 setup(
@@ -86,6 +214,6 @@ setup(
         "docs": ["sphinx"],
     },
     ext_modules=[_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

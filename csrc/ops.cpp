@@ -9,7 +9,8 @@
 
 namespace torchcond {
 
-// Bumped whenever a schema below changes, so a stale build is caught at import.
+// Bumped whenever a schema below changes; torchcond/_extension.py (ABI_VERSION) checks
+// it at import, so a library left from another checkout is caught there.
 constexpr int64_t kAbiVersion = 2;
 
 int64_t abi_version() { return kAbiVersion; }

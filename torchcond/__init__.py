@@ -1,15 +1,9 @@
 """Structured conditionals for PyTorch: ``cond`` and ``switch`` as higher-order operators."""
 
 from . import _compat  # noqa: F401  (checks the torch version first)
+from . import _extension
 
-try:
-    from . import _C  # noqa: F401  (loads the torchcond operator library)
-except ImportError as e:  # pragma: no cover - depends on how the package was installed
-    raise ImportError(
-        "torchcond's C++ extension (torchcond._C) is not built for this Python/torch; "
-        "build it with `pip install --no-build-isolation -e .` in the repository "
-        f"(original error: {e})"
-    ) from e
+_extension.load()  # torchcond._C, after checking it was built for this torch
 from .api import cond, switch
 from .errors import (
     BranchMismatchError,
