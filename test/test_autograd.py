@@ -8,7 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchcond
 import torchcond.autograd
-from helpers import count_nodes, pinned_printout, readable
+from helpers import count_nodes, readable
 from torchcond import cond, switch
 
 POS = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
@@ -169,7 +169,6 @@ def train_step(x, y):
 
 
 class TestTracedGraphs(expecttest.TestCase):
-    @pinned_printout
     def test_forward_and_backward_graph_shows_the_backward_cond(self):
         gm = symbolic(train_step, leaf(POS.float()), leaf(NEG.float()))
         self.assertExpectedInline(

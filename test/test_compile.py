@@ -18,11 +18,13 @@ size, compiled with ``dynamic=True``), ``data`` (computed from the input's value
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from helpers import TORCH_VERSION
 from torchcond import UnsupportedCondError, cond, switch
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
@@ -92,12 +94,11 @@ REFUSED = {("inductor", "cond", "item", "training")}
 CASES = [c for c in itertools.product(BACKENDS, OPS, PREDICATES, MODES) if c not in REFUSED]
 
 
-TORCH_2_11 = torch.__version__.startswith("2.11")
 
 
 def case_param(case):
     marks = []
-    if TORCH_2_11 and case == ("inductor", "cond", "shape", "training"):
+    if TORCH_VERSION == (2, 11) and case == ("inductor", "cond", "shape", "training"):
         # The backward graph takes the SymBool ``s0 > 3`` as an input, which Inductor
         # 2.11 rejects ("Unsupported inductor graph input type"); torch.cond too.
         marks.append(pytest.mark.xfail(reason="Inductor 2.11 rejects a SymBool graph input", strict=True))
@@ -181,9 +182,24 @@ def defined_functions(code: str) -> list[str]:
     return [line.split("(")[0][4:] for line in code.splitlines() if line.startswith("def ") and "(args)" in line]
 
 
+# torch 2.14 lowers conditionals to the N-way ir.Switch: the selector is read into a
+# local once, then ``if sel == 0: ... elif sel == 1: ... else:``. torch 2.11 and 2.13
+# have the two-way ir.Conditional: ``if pred: ... else:``.
+N_WAY_IR = TORCH_VERSION >= (2, 14)
+
+
 def branch_lines(code: str) -> list[str]:
     lines = [line.strip() for line in code.splitlines()]
-    return [line for line in lines if line.startswith("if ") and line.endswith(":") and "__name__" not in line]
+    return [
+        line
+        for line in lines
+        if line.startswith(("if ", "elif ")) and line.endswith(":") and "__name__" not in line
+    ]
+
+
+def selector_lines(code: str) -> list[str]:
+    """ir.Switch's ``bufN_selector = int(...)`` lines (torch 2.14 on)."""
+    return [line.strip() for line in code.splitlines() if re.match(r"\s*buf\d+_selector = ", line)]
 
 
 def no_fallback(code: str) -> bool:
@@ -196,9 +212,16 @@ def test_inductor_lowers_cond_to_a_host_branch_over_compiled_subgraphs():
         return cond(p, lambda a: a.cos() * a, lambda a: a.sin() + 1, (x,))
 
     code = inductor_code(f, torch.randn(8), torch.tensor(True))
-    assert defined_functions(code) == ["true_graph_0", "false_graph_0"]
-    (line,) = branch_lines(code)
-    assert line.endswith(".item():")  # a tensor predicate is read once, on the host
+    # A tensor predicate is read once, on the host.
+    if N_WAY_IR:
+        assert defined_functions(code) == ["false_graph_0", "true_graph_0"]  # 0 is false
+        (read,) = selector_lines(code)
+        assert read.endswith(".item())"), read  # "buf0_selector = int(arg1_1.item())"
+        assert branch_lines(code) == [f"if {read.split()[0]} == 0:"]
+    else:
+        assert defined_functions(code) == ["true_graph_0", "false_graph_0"]
+        (line,) = branch_lines(code)
+        assert line.endswith(".item():")
     assert no_fallback(code)
     # Each branch is a compiled kernel, not a call back into Python.
     assert code.count("cpp_fused_") >= 2
@@ -209,24 +232,39 @@ def test_inductor_lowers_a_shape_predicate_to_a_symbolic_if():
         return cond(x.shape[0] > 4, lambda a: a.cos(), lambda a: a.sin(), (x,))
 
     code = inductor_code(f, torch.randn(8), dynamic=True)
-    (line,) = branch_lines(code)
-    assert line.startswith("if s") and line.endswith(" > 4:"), line  # e.g. "if s77 > 4:"
+    if N_WAY_IR:
+        (read,) = selector_lines(code)
+        assert re.fullmatch(r"buf\d+_selector = int\(s\d+ > 4\)", read), read
+        assert len(branch_lines(code)) == 1
+    else:
+        (line,) = branch_lines(code)
+        assert line.startswith("if s") and line.endswith(" > 4:"), line  # e.g. "if s77 > 4:"
     assert no_fallback(code)
 
 
-def test_inductor_lowers_switch_to_a_chain_of_conditionals():
+def test_inductor_lowers_switch_to_host_branches():
     branches = [lambda a: a + 1, lambda a: a * 2, lambda a: a.cos(), lambda a: a.sin()]
 
     def f(x, i):
         return switch(i, branches, (x,))
 
+    compiled = torch.compile(f, backend="inductor", fullgraph=True)
     for i in (-3, 0, 1, 2, 3, 9):
-        code = inductor_code(f, torch.randn(8), torch.tensor(i))
-    # switch(i, b0, b1, b2, b3) = b0 if i <= 0 else switch(i - 1, b1, b2, b3), and so on:
-    # three host branches, each in the function of the link it belongs to.
-    assert len(branch_lines(code)) == 3
+        x = torch.randn(8)
+        torch.testing.assert_close(compiled(x, torch.tensor(i)), f(x, torch.tensor(i)))
+    code = inductor_code(f, torch.randn(8), torch.tensor(1))
     functions = defined_functions(code)
-    assert sum(name.endswith("_rest") for name in functions) == 2
+    if N_WAY_IR:
+        # One ir.Switch over the clamped index: read once, then if/elif/elif/else.
+        (read,) = selector_lines(code)
+        selector = read.split()[0]
+        assert branch_lines(code) == [f"if {selector} == 0:", f"elif {selector} == 1:", f"elif {selector} == 2:"]
+        assert functions == [f"branch_graph_{k}" for k in range(4)]
+    else:
+        # switch(i, b0, b1, b2, b3) = b0 if i <= 0 else switch(i - 1, b1, b2, b3), and so
+        # on: three host branches, each in the function of the link it belongs to.
+        assert len(branch_lines(code)) == 3
+        assert sum(name.endswith("_rest") for name in functions) == 2
     assert no_fallback(code)
 
 

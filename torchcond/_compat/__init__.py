@@ -1,6 +1,8 @@
 """Every private torch API torchcond touches, in one place.
 
-Each name below was checked on torch 2.11 (the GPU machines) and torch 2.13 (CPU CI).
+Each name below was checked on torch 2.11.0 (the GPU machines), 2.13.0 and 2.14.1 (CI
+runs the suite on all three). Where a name differs between them, a comment says how.
+torch 2.15's development source was read (not run) for every name here: none moved.
 When torch moves one of them, this module is the only file that changes.
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 import torch
 
 MIN_TORCH = (2, 11)
-CHECKED_TORCH = ((2, 11), (2, 13))
+CHECKED_TORCH = ((2, 11), (2, 13), (2, 14))
 
 
 def _torch_version() -> tuple[int, int]:
@@ -41,9 +43,10 @@ if TORCH_VERSION > max(CHECKED_TORCH):
 
 # --- operators and dispatch ------------------------------------------------------
 
-import torch.utils._pytree as pytree  # noqa: E402  (no public pytree module on 2.11/2.13)
+import torch.utils._pytree as pytree  # noqa: E402  (no public pytree module on 2.11-2.14)
 from torch._C import DispatchKey  # noqa: E402
 from torch._ops import HigherOrderOperator, OpOverload  # noqa: E402
+from torch._subclasses import fake_tensor as _fake_tensor  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
 from torch.fx.experimental import proxy_tensor as _proxy_tensor  # noqa: E402
 from torch.fx.experimental.proxy_tensor import (  # noqa: E402
@@ -326,21 +329,45 @@ class _LiftingTracker:
         return self._base.get(key)
 
 
+# ``is_fake_tensor`` exists from torch 2.14, and torch's own HOP code uses it from 2.15
+# on (ahead of a C++ FakeTensor that is not a Python subclass); 2.11 and 2.13 have only
+# the isinstance test.
+_is_fake = getattr(_fake_tensor, "is_fake_tensor", None) or (lambda t: isinstance(t, FakeTensor))
+
+
 def _is_real_tensor(value) -> bool:
     return (
         isinstance(value, torch.Tensor)
-        and not isinstance(value, FakeTensor)
+        and not _is_fake(value)
         and not torch._is_functional_tensor(value)
         and value.device.type != "meta"
     )
 
 
+def _keeping_detach(table) -> dict:
+    """``table`` less make_fx's default ``detach -> alias`` rewrite.
+
+    From torch 2.14, make_fx called without a decomposition table records ``detach``
+    as ``alias`` (2.11 and 2.13 keep ``detach``). Branch graphs are differentiated
+    again (their vjp/jvp graphs are traced from them), where an alias would let
+    gradients through the branch's stop-gradient. Passing any explicit table, even
+    an empty one, keeps ``detach`` on 2.14.
+    """
+    from torch._decomp import decompositions
+
+    table = dict(table or {})
+    nop = getattr(decompositions, "nop_decomposition", None)
+    if table.get(torch.ops.aten.detach.default) is nop:
+        del table[torch.ops.aten.detach.default]
+    return table
+
+
 def _new_sub_tracer(parent):
     """A make_fx tracer configured like ``parent``, as ``trace_subgraph`` makes one."""
-    if hasattr(parent, "_make_sub_tracer"):  # torch 2.13
-        return parent._make_sub_tracer()
+    if hasattr(parent, "_make_sub_tracer"):  # torch 2.13, 2.14
+        return parent._make_sub_tracer(_keeping_detach(parent.decomposition_table))
     return type(parent)(  # torch 2.11 builds it inline in trace_subgraph
-        parent.decomposition_table,
+        _keeping_detach(parent.decomposition_table),
         "real",
         parent._allow_non_fake_inputs,
         parent.pre_dispatch,
@@ -481,7 +508,7 @@ def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:
             if lifted:
                 raise AssertionError(f"derivative graph closed over {len(lifted)} values: {lifted}")
             return gm
-        return _proxy_tensor.make_fx(run_with_interpreter(fn))(*leaves)
+        return _proxy_tensor.make_fx(run_with_interpreter(fn), _keeping_detach(None))(*leaves)
 
 
 def fake_mode_of(args):
@@ -575,8 +602,7 @@ def transforms_active() -> bool:
     """True while a torch.func transform (grad, jvp, vmap, ...) or a forward-AD level is active.
 
     One C call and one attribute read: the select fast path asks it once per call
-    instead of inspecting every tensor. Run on torch 2.13; both names predate 2.11
-    (``peek_interpreter_stack`` since 2.0, ``forward_ad._current_level`` since 1.9)
-    but this module has not been run on 2.11 yet.
+    instead of inspecting every tensor. Checked on 2.11, 2.13 and 2.14
+    (``peek_interpreter_stack`` exists since 2.0, ``forward_ad._current_level`` since 1.9).
     """
     return _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0

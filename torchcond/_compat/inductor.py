@@ -1,12 +1,16 @@
 """Inductor support: torchcond's operators lower to Inductor's conditional IR.
 
-``torchcond_cond`` lowers exactly as torch's cond does: one ``ir.Conditional`` whose
+``torchcond_cond`` lowers exactly as torch's cond does: one conditional IR node whose
 branches are lowered as subgraphs, emitted by the wrapper as ``if pred: ... else:``
 around calls of the compiled branch functions. Nothing runs through Python per call
 but the wrapper's own ``if``.
 
-``torchcond_switch`` has no N-way counterpart in Inductor, so it lowers to a chain of
-``ir.Conditional``s: ``switch(i, b0, b1, ..., bn)`` is ``b0 if i <= 0 else
+Two shapes of that IR exist. torch 2.11 and 2.13 have the two-way ``ir.Conditional``;
+torch 2.14 replaced it with the N-way ``ir.Switch`` (``if i == 0: ... elif i == 1: ...
+else: ...``, with ``torch.cond`` as the two-branch case), which torch 2.15's
+development source (read, not run) keeps. With ``ir.Switch``, ``torchcond_switch`` lowers to one
+node over the clamped index. With ``ir.Conditional`` it has no N-way counterpart, so it
+lowers to a chain of them: ``switch(i, b0, b1, ..., bn)`` is ``b0 if i <= 0 else
 switch(i - 1, b1, ..., bn)``, the inner switch living in a small synthesized subgraph
 that takes the index as an extra input (and lowers through this same rule). That
 keeps the clamping semantics (a negative index takes ``b0``, a too-large one the last
@@ -16,9 +20,10 @@ once at the top, so the chain costs one device sync, as a cond does.
 Also here: Inductor's fake-tensor updater learns which arguments our branches take
 (otherwise it warns once per compile and re-propagates them without inputs).
 
-Checked on torch 2.11.0 and 2.13.0: ``ir.Conditional.create`` reads the operands'
-fake values from ``V.graph.current_node.args[-1]`` on both, which is why the chain's
-links are created under a stand-in node whose last argument lists the extra input.
+Checked on torch 2.11.0, 2.13.0 (``ir.Conditional``) and 2.14.1 (``ir.Switch``): both
+``create``s read the operands' fake values from ``V.graph.current_node.args[-1]``, which
+is why the chain's links are created under a stand-in node whose last argument lists
+the extra input.
 """
 
 from __future__ import annotations
@@ -57,9 +62,24 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
                 message = f"{message} Found from :\n {stack_trace}"
             V.graph.disable_cudagraphs_reason = message
 
+    n_way = hasattr(ir, "Switch")  # torch 2.14: ir.Switch replaced ir.Conditional
+
     def conditional(pred, true_subgraph, false_subgraph, operands):
-        outputs = ir.Conditional.create(pred, true_subgraph, false_subgraph, list(operands))
+        if n_way:  # a bool selector reads as 0 (false) or 1 (true)
+            outputs = ir.Switch.create(
+                pred, [false_subgraph, true_subgraph], list(operands), is_cond=True
+            )
+        else:
+            outputs = ir.Conditional.create(pred, true_subgraph, false_subgraph, list(operands))
         _depend_on_predicate_symbols(pred, outputs)
+        return list(map(ir.TensorBox.create, outputs))
+
+    def n_way_switch(index, branches, operands):
+        # ir.Switch takes the last branch for any index it does not list, negative
+        # ones included: clamping first keeps a negative index on the first branch.
+        index = _clamped(lowering, index, len(branches))
+        outputs = ir.Switch.create(index, list(branches), list(operands))
+        _depend_on_predicate_symbols(index, outputs)
         return list(map(ir.TensorBox.create, outputs))
 
     host = torch.device("cpu")
@@ -92,6 +112,8 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
         *branches, operands = branches_then_operands
         node = V.graph.current_node
         disable_cudagraphs_if_on_gpu(switch_op.name(), [index, *operands])
+        if n_way:
+            return n_way_switch(index, branches, operands)
         if len(branches) == 1:
             # A one-branch switch: both sides of the conditional are that branch.
             only = branches[0]
@@ -165,6 +187,19 @@ def _depend_on_predicate_symbols(pred, outputs) -> None:
 
 def _fx_value(arg):
     return arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
+
+
+def _clamped(lowering, index, num_branches: int):
+    """``index`` clamped to ``[0, num_branches - 1]``, as a tensor or a sympy expression."""
+    import sympy
+
+    from torch._inductor import ir
+
+    if isinstance(index, ir.IRNode):
+        aten = torch.ops.aten
+        at_least_0 = lowering.lowerings[aten.clamp_min.default](index, 0)
+        return lowering.lowerings[aten.clamp_max.default](at_least_0, num_branches - 1)
+    return sympy.Min(sympy.Max(sympy.sympify(index), 0), num_branches - 1)
 
 
 def _at_most(lowering, index, bound: int):
