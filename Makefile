@@ -1,25 +1,42 @@
-# Quickstart targets. Each one installs what it needs into $(VENV) first.
+# Quickstart targets. Each one installs what it needs first: a virtual environment
+# per torch version, kept between runs in $(VENV_CACHE), and torchcond._C built in
+# place against that torch (object files per torch under build/, so switching back
+# and forth only relinks).
 #   make demo   run demo.py (eager, export with a dynamic batch, print, save/load)
 #   make test   CUDA kernel compile check, unit tests, docs build (warnings are errors),
 #               benchmark smoke runs
+#   make matrix what CI runs: `test` on torch 2.13.0 and 2.14.1, `unit` and
+#               `bench-smoke` on 2.11.0
 #   make cuda-check  compile csrc/cuda/select_kernel.cuh with nvcc (skipped without nvcc)
+# Another torch: `make test TORCH=2.14.1` (any release from 2.11 on), or a full pip
+# requirement with TORCH_SPEC, e.g. TORCH_SPEC='torch==2.14.1' VENV=/some/venv.
 PYTHON ?= python3
-VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
+TORCH ?= 2.13.0
+TORCH_SPEC ?= torch==$(TORCH)
+VENV_CACHE ?= $(HOME)/.cache/torchcond/venvs
+VENV ?= $(VENV_CACHE)/torch-$(TORCH)-$(shell $(PYTHON) -c 'import sys; print("py%d.%d" % sys.version_info[:2])')
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.torchcond-installed
-EXT_SOURCES := $(wildcard csrc/*.cpp csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*/*.h csrc/*/*.cuh)
+DEPS_STAMP := $(VENV)/.torchcond-deps
+MATRIX_FULL ?= 2.13.0 2.14.1
+MATRIX_UNIT ?= 2.11.0
 
-.PHONY: install demo test unit docs bench-smoke cuda-check clean
+.PHONY: install ext demo test unit docs bench-smoke cuda-check matrix clean
 
-install: $(STAMP)
+install: ext
 
-$(STAMP): setup.py pyproject.toml requirements-dev.txt $(EXT_SOURCES)
+# torch and the test/docs tools; redone when requirements-dev.txt changes.
+$(DEPS_STAMP): requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q --no-build-isolation -e .
-	touch $(STAMP)
+	touch $(DEPS_STAMP)
+
+# Always run: a no-op when torchcond._C is already built for this venv's torch, a
+# relink after another torch built it, a compile after a source change. The .pth
+# file makes this checkout importable from the venv, as an editable install would.
+ext: $(DEPS_STAMP)
+	$(PY) setup.py -q build_ext --inplace
+	$(PY) -c 'import sysconfig; open(sysconfig.get_paths()["purelib"] + "/torchcond-checkout.pth", "w").write("$(CURDIR)\n")'
 
 demo: install
 	$(PY) demo.py
@@ -27,7 +44,7 @@ demo: install
 test: cuda-check unit docs bench-smoke
 
 unit: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -p no:cacheprovider
 
 docs: install
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
@@ -57,5 +74,16 @@ cuda-check:
 		rm -rf $$out && echo "cuda-check: ok"; \
 	fi
 
+# CI's torch matrix. Each leg prints its time; `make test` above stays the default leg.
+matrix:
+	@for v in $(MATRIX_FULL); do \
+		start=$$(date +%s); $(MAKE) --no-print-directory test TORCH=$$v || exit 1; \
+		echo "matrix: torch $$v: make test passed in $$(( $$(date +%s) - start )) s"; \
+	done
+	@for v in $(MATRIX_UNIT); do \
+		start=$$(date +%s); $(MAKE) --no-print-directory unit bench-smoke TORCH=$$v || exit 1; \
+		echo "matrix: torch $$v: make unit bench-smoke passed in $$(( $$(date +%s) - start )) s"; \
+	done
+
 clean:
-	rm -rf build docs/_build docs/gallery torchcond/_C*.so *.egg-info
+	rm -rf build docs/_build docs/gallery torchcond/_C*.so torchcond/_build_info.json *.egg-info
