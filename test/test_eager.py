@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
+import torchcond
 from torchcond import cond, switch
 
 
@@ -162,3 +163,40 @@ def test_a_torch_function_mode_takes_the_checked_path_and_stays_a_python_if():
         out = cond(torch.tensor(True), branch("t"), branch("f"), (torch.zeros(2),))
         switch(torch.tensor(1), [branch(0), branch(1)], (torch.zeros(2),))
     assert calls == ["t", 1] and torch.equal(out, torch.ones(2))
+
+
+def _switch_modes():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    branches = [lambda x, k=k: x + 10 * k for k in range(3)]
+
+    def run(i, x, strategy="auto"):
+        return switch(i, branches, (x,), strategy=strategy)
+
+    def export(i, x):
+        class M(torch.nn.Module):
+            def forward(self, i, x):
+                return run(i, x)
+
+        return torch.export.export(M(), (torch.tensor(0, dtype=i.dtype), x)).module()(i, x)
+
+    return {
+        "eager": run,
+        "select": lambda i, x: run(i, x, "select"),
+        "make_fx": lambda i, x: make_fx(lambda i, x: run(i, x))(i, x)(i, x),
+        "make_fx fake": lambda i, x: make_fx(lambda i, x: run(i, x), tracing_mode="fake")(i, x)(i, x),
+        "make_fx select": lambda i, x: make_fx(lambda i, x: run(i, x, "select"))(i, x)(i, x),
+        "vmap": lambda i, x: torch.vmap(run)(i.expand(2).clone(), x.expand(2, -1))[0],
+        "export": export,
+        "select_n": lambda i, x: torchcond.select_n(i, [[b(x)] for b in branches])[0],
+    }
+
+
+@pytest.mark.parametrize("mode", list(_switch_modes()))
+@pytest.mark.parametrize("value, taken", [(2**63, 2), (2**64 - 1, 2), (2**63 - 1, 2), (1, 1), (0, 0)])
+def test_uint64_index_clamps_like_its_value_in_every_mode(mode, value, taken):
+    # A uint64 index at or above 2**63 is a large number: the last branch, never a
+    # wrapped negative int64 that would take branch 0.
+    x = torch.arange(3.0)
+    out = _switch_modes()[mode](torch.tensor(value, dtype=torch.uint64), x)
+    torch.testing.assert_close(out, x + 10 * taken)

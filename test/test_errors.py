@@ -217,6 +217,16 @@ def test_every_error_is_a_cond_error():
         assert issubclass(cls, CondError)
 
 
+def test_a_mismatch_is_caught_as_torch_cond_mismatches_are():
+    # torch.cond raises RuntimeError for branches that disagree; code catching that
+    # catches ours too.
+    x = torch.ones(3)
+    with pytest.raises(RuntimeError, match="true_fn"):
+        make_fx(lambda x: cond(x.sum() > 0, lambda x: x, lambda x: x.double(), (x,)), tracing_mode="fake")(x)
+    with pytest.raises(RuntimeError):
+        make_fx(lambda x: torch.cond(x.sum() > 0, lambda x: x, lambda x: x.double(), (x,)), tracing_mode="fake")(x)
+
+
 def test_writes_through_out_keyword_are_refused():
     def f(x):
         return cond(x.sum() > 0, lambda a: torch.sin(a, out=a), lambda a: a * 2, (x,))

@@ -349,6 +349,34 @@ def test_errors_name_the_argument():
         select_n(torch.tensor(1), [[t], [f], [torch.ones(4, 3)]])
 
 
+def test_a_lone_tensor_or_none_where_a_list_belongs_is_refused():
+    # Iterating a tensor would treat its rows as outputs and select along columns.
+    t, f = torch.zeros(3, 4), torch.ones(3, 4)
+    pred = torch.tensor([True, False, True])
+    with pytest.raises(CondArgumentError, match=r"select: argument 'true_values' must be a list or tuple of tensors .* found a tensor of shape \(3, 4\)\. Pass \[tensor\]"):
+        select(pred, t, f)
+    with pytest.raises(CondArgumentError, match=r"select: argument 'false_values' must be a list or tuple .* found a tensor"):
+        select(pred, [t], f)
+    with pytest.raises(CondArgumentError, match=r"select: argument 'true_values' must be a list or tuple .* found NoneType"):
+        select(pred, None, [f])
+    with pytest.raises(CondArgumentError, match=r"select_n: argument 'cases' must be a list with one list of tensors per branch; found a tensor of shape \(3, 4\)"):
+        select_n(torch.tensor(0), t)
+    with pytest.raises(CondArgumentError, match=r"select_n: argument 'cases\[1\]' must be a list or tuple .* found a tensor"):
+        select_n(torch.tensor(0), [[t], f])
+    with pytest.raises(CondArgumentError, match=r"select_n: argument 'cases\[0\]' must be a list or tuple .* found NoneType"):
+        select_n(torch.tensor(0), [None, [f]])
+
+
+def test_sparse_values_and_selectors_get_a_torchcond_message():
+    t = torch.eye(3)
+    with pytest.raises(CondArgumentError, match=r"true_values\[0\]: expected a dense \(torch.strided\) tensor, found layout torch.sparse_coo"):
+        select(torch.tensor(True), [t.to_sparse()], [t.to_sparse()])
+    with pytest.raises(CondArgumentError, match=r"pred: expected a dense .* found layout torch.sparse_coo"):
+        select(torch.tensor([True, False, True]).to_sparse(), [t], [t])
+    with pytest.raises(CondArgumentError, match=r"cases\[0\]\[0\]: expected a dense .* found layout torch.sparse_coo"):
+        select_n(torch.tensor(1), [[t.to_sparse()], [t.to_sparse()]])
+
+
 def test_operator_errors_name_the_argument():
     t, f = torch.zeros(3, 4), torch.ones(3, 4)
     pred = torch.tensor([True, False, True])

@@ -16,7 +16,7 @@ import torch
 from . import _compat
 from ._compat import pytree
 from .errors import CondArgumentError
-from .forms import clamp_index, is_concrete
+from .forms import clamp_index, host_index, is_concrete, switch_branch_of
 from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .ops import cond_op, form_of, switch_op
 from .tracing import FlatBranch, recorded_spec
@@ -34,7 +34,6 @@ _capturing = torch.cuda.is_current_stream_capturing
 # every global its trace touched, and reaching ``torch`` through this module as well
 # as through the user's would add an alias guard (a Python lambda) to every call.
 _BOOL = torch.bool
-_INT64 = torch.int64
 _SymBool, _SymInt, _SymFloat = torch.SymBool, torch.SymInt, torch.SymFloat
 _sym_min, _sym_max = torch.sym_min, torch.sym_max
 
@@ -197,7 +196,7 @@ def _switch_slow(index, branches, operands, strategy="auto"):
     if isinstance(index, torch.Tensor):
         _check_index_tensor(index)
         if is_concrete(index):
-            return branches[clamp_index(int(index), n)](*operands)
+            return branches[clamp_index(host_index(index), n)](*operands)
     index = _normalize_index(index, n)
     labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
     return _call_operator(switch_op, index, labelled, operands)
@@ -298,8 +297,7 @@ def _normalize_index(index, n: int):
             f"integer tensor; found {type(index).__name__} ({index!r})"
         )
     _check_index_tensor(index)
-    # int64 first: a narrow dtype (uint8, int8) cannot even hold n - 1 for many branches.
-    return index.reshape(()).to(_INT64).clamp(0, n - 1)
+    return switch_branch_of(index.reshape(()), n)
 
 
 # --- validation -----------------------------------------------------------------------

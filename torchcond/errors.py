@@ -15,8 +15,12 @@ class CondArgumentError(CondError, TypeError):
     """An argument of ``cond``/``switch`` has the wrong type, shape or value."""
 
 
-class BranchMismatchError(CondError, ValueError):
-    """Branches return outputs that cannot be one operator's output."""
+class BranchMismatchError(CondError, ValueError, RuntimeError):
+    """Branches return outputs that cannot be one operator's output.
+
+    Also a ``RuntimeError``, the type of ``torch.cond``'s mismatch errors, so code
+    written against ``torch.cond`` catches it.
+    """
 
 
 class BranchMutationError(CondError, RuntimeError):

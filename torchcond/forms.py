@@ -39,13 +39,31 @@ def clamp_index(index: int, n: int) -> int:
     return min(max(index, 0), n - 1)
 
 
+def host_index(index) -> int:
+    """A concrete index as a Python int. ``int()`` of a uint64 tensor at or above 2**63
+    overflows; ``item()`` gives the true value, which then clamps to the last branch."""
+    return index.item() if isinstance(index, torch.Tensor) else int(index)
+
+
 def cond_branch_of(pred: torch.Tensor, n: int) -> torch.Tensor:
     """True takes branch 0 (``true_fn``), false branch 1."""
     return (pred == 0).to(torch.int64)
 
 
+_INT64_MAX = torch.iinfo(torch.int64).max
+
+
 def switch_branch_of(index: torch.Tensor, n: int) -> torch.Tensor:
-    return index.to(torch.int64).clamp(0, n - 1)
+    """The index clamped to ``[0, n - 1]`` as int64, in every mode.
+
+    int64 first: a narrow dtype (uint8, int8) cannot even hold ``n - 1`` for many
+    branches. A uint64 value at or above 2**63 wraps to a negative int64; it is large,
+    so it takes the last branch, as on the host and in ``select_n``'s kernel.
+    """
+    wide = index.to(torch.int64)
+    if index.dtype == torch.uint64:
+        wide = torch.where(wide < 0, _INT64_MAX, wide)
+    return wide.clamp(0, n - 1)
 
 
 def unpack(args: tuple) -> tuple:

@@ -61,8 +61,9 @@ if _HAVE_KERNELS:
 # message. While tracing (fake tensors do not check shapes) they run first.
 
 # What the operator raises for bad arguments (TORCH_CHECK_VALUE/TYPE, the argument
-# parser) or an attribute a non-tensor lacks.
-_OP_ERRORS = (RuntimeError, TypeError, ValueError, AttributeError, IndexError)
+# parser, NotImplementedError for a layout it has no kernel for) or an attribute a
+# non-tensor lacks.
+_OP_ERRORS = (RuntimeError, TypeError, ValueError, AttributeError, IndexError, NotImplementedError)
 
 
 def select(pred: torch.Tensor, true_values: Sequence[torch.Tensor], false_values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -71,7 +72,8 @@ def select(pred: torch.Tensor, true_values: Sequence[torch.Tensor], false_values
     ``pred``: a bool tensor, 0-d or shaped like a prefix of every value's shape.
     Returns fresh contiguous tensors. Each element reads only the value it selects.
     """
-    true_values, false_values = list(true_values), list(false_values)
+    true_values = _tensor_list(true_values, "select", "true_values")
+    false_values = _tensor_list(false_values, "select", "false_values")
     if _HAVE_KERNELS and not _compat.tracing():
         try:
             return _select_eager(pred, true_values, false_values)
@@ -89,7 +91,12 @@ def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> li
 
     ``index``: an integer tensor, 0-d or shaped like a prefix of every value's shape.
     """
-    cases = [list(c) for c in cases]
+    if isinstance(cases, torch.Tensor) or not isinstance(cases, Sequence):
+        found = f"a tensor of shape {tuple(cases.shape)}" if isinstance(cases, torch.Tensor) else type(cases).__name__
+        raise CondArgumentError(
+            f"select_n: argument 'cases' must be a list with one list of tensors per branch; found {found}"
+        )
+    cases = [_tensor_list(c, "select_n", f"cases[{k}]") for k, c in enumerate(cases)]
     if _HAVE_KERNELS and cases and not _compat.tracing():
         flat = [v for c in cases for v in c]
         if all(len(c) == len(cases[0]) for c in cases):
@@ -127,6 +134,22 @@ def _select_n_eager(index, flat, num_branches):
 # --- argument checks -------------------------------------------------------------------
 
 
+def _tensor_list(values, fn: str, label: str) -> list:
+    """A sequence of values as a list. A lone tensor is refused: iterating it would
+    select between its rows."""
+    if isinstance(values, torch.Tensor):
+        raise CondArgumentError(
+            f"{fn}: argument '{label}' must be a list or tuple of tensors (one per output); "
+            f"found a tensor of shape {tuple(values.shape)}. Pass [tensor] for one output"
+        )
+    if not isinstance(values, Sequence) or isinstance(values, str):
+        raise CondArgumentError(
+            f"{fn}: argument '{label}' must be a list or tuple of tensors (one per output); "
+            f"found {type(values).__name__}"
+        )
+    return list(values)
+
+
 def _check_select(pred, true_values, false_values) -> None:
     _check_selector(pred, "pred", integer=False)
     if len(true_values) != len(false_values):
@@ -155,6 +178,7 @@ def _check_select_n(index, cases) -> None:
 def _check_selector(sel, name: str, integer: bool) -> None:
     if not isinstance(sel, torch.Tensor):
         raise CondArgumentError(f"{name}: expected a tensor, found {type(sel).__name__}")
+    _check_strided(sel, name)
     dtype = sel.dtype
     if integer:
         ok = dtype is not torch.bool and not dtype.is_floating_point and not dtype.is_complex
@@ -163,6 +187,14 @@ def _check_selector(sel, name: str, integer: bool) -> None:
     if not ok:
         want = "an integer dtype" if integer else "dtype torch.bool"
         raise CondArgumentError(f"{name}: expected {want}, found {dtype}")
+
+
+def _check_strided(t: torch.Tensor, label: str) -> None:
+    if t.layout != torch.strided:
+        raise CondArgumentError(
+            f"{label}: expected a dense (torch.strided) tensor, found layout {t.layout}; "
+            "convert it with .to_dense() first"
+        )
 
 
 def _check_cases(sel, name, cases, labels) -> None:
@@ -174,6 +206,7 @@ def _check_cases(sel, name, cases, labels) -> None:
         for i, (v, ref) in enumerate(zip(values, first)):
             if not isinstance(v, torch.Tensor):
                 raise CondArgumentError(f"{label}[{i}]: expected a tensor, found {type(v).__name__}")
+            _check_strided(v, f"{label}[{i}]")
             if v.shape != ref.shape or v.dtype != ref.dtype or v.device != ref.device:
                 raise CondArgumentError(
                     f"{label}[{i}]: expected shape {tuple(ref.shape)}, {ref.dtype} on {ref.device} "

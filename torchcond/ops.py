@@ -22,7 +22,7 @@ from ._compat import inductor as _compat_inductor
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
 from .errors import CondArgumentError
-from .forms import Form, clamp_index, cond_branch_of, is_concrete, pack, switch_branch_of, unpack
+from .forms import Form, clamp_index, cond_branch_of, host_index, is_concrete, pack, switch_branch_of, unpack
 from .merge import merge_branch_outputs
 from .subgraph import output_values
 from .tracing import SpecCarrier, checked_output_paths, trace_branches
@@ -89,7 +89,7 @@ _FORMS = {
     ),
     switch_op: Form(
         switch_op,
-        taken=lambda index, n: clamp_index(int(index), n),
+        taken=lambda index, n: clamp_index(host_index(index), n),
         labels=lambda n: [f"branches[{i}]" for i in range(n)],
         graph_names=_switch_graph_names,
         branch_of=switch_branch_of,

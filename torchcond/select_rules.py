@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _compat
+from .forms import switch_branch_of
 from .errors import CondArgumentError
 
 _OPS = torch.ops.torchcond
@@ -145,7 +146,7 @@ def _select_reference(pred, true_values, false_values):
 
 
 def _select_n_reference(index, cases):
-    index = index.clamp(0, len(cases) - 1)
+    index = switch_branch_of(index, len(cases))
     outs = []
     for i in range(len(cases[0])):
         out = cases[-1][i]
