@@ -297,3 +297,32 @@ def test_inputs_requiring_grad_never_inline_a_branch():
         assert count_nodes(gm, "torchcond_cond") == 1
         for sign in (1, -1):
             torch.testing.assert_close(gm(sign * x.abs()), f(sign * x.abs()))
+
+
+@pytest.mark.parametrize("how", ["make_fx", "export"])
+def test_a_trace_is_freed_once_the_caller_drops_it(how):
+    # Nothing torchcond keeps between calls may reach a traced graph: 100 traces used
+    # to leave 300 GraphModules alive for the life of the process.
+    import gc
+    import weakref
+
+    def f(x):
+        return cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return f(x)
+
+    def trace():
+        x = torch.randn(4)
+        if how == "make_fx":
+            return make_fx(f, tracing_mode="fake")(x)
+        return torch.export.export(M(), (x,)).graph_module
+
+    gm = trace()
+    refs = [weakref.ref(m) for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+    assert len(refs) == 3  # the trace and its two branch graphs
+    del gm
+    trace()  # torch.export itself holds on to its latest trace, ours or not
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]

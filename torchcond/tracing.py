@@ -127,7 +127,9 @@ def checked_output_paths(branches: Sequence[Callable], labels: Sequence[str], co
 # --- tracing ---------------------------------------------------------------------
 
 
-# graph -> the tracer it was traced for; weak both ways (a graph lives in its trace).
+# graph -> weak reference to the tracer it was traced for. Weak both ways: the tracer
+# reaches the graph (tracer.root holds it as a submodule), so a strong value would keep
+# every traced graph, and its trace, alive for the life of the process.
 _TRACED_FOR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -145,7 +147,7 @@ def trace_branches(
     Graphs this function already returned for ``parent_tracer`` (the autograd rule
     traces before the proxy rule does) come back as they are.
     """
-    if all(_TRACED_FOR.get(b) is parent_tracer for b in branches):
+    if all(_traced_for(b) is parent_tracer for b in branches):
         return list(branches), tuple(operands)
     traced = [_compat.trace_subgraph_lifting(b, operands, parent_tracer) for b in branches]
     check_same_structure(branches, labels)
@@ -165,8 +167,13 @@ def trace_branches(
         graphs.append(gm)
     subgraph.align_output_layouts(graphs)
     for gm in graphs:
-        _TRACED_FOR[gm] = parent_tracer
+        _TRACED_FOR[gm] = weakref.ref(parent_tracer)
     return graphs, tuple(operands) + tuple(lifted.values())
+
+
+def _traced_for(branch):
+    ref = _TRACED_FOR.get(branch)
+    return ref() if ref is not None else None
 
 
 def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int) -> None:
