@@ -125,6 +125,24 @@ def test_switch_mismatch_names_the_branch():
         trace(f, torch.tensor(0), x)
 
 
+@pytest.mark.parametrize(
+    "other, message",
+    [
+        (lambda x: torch.zeros(10, 10), r"output: branches must agree on ndim; true_fn gives 1, false_fn gives 2"),
+        (lambda x: torch.zeros(5), r"output dim 0: branches must agree on sizes .* true_fn gives 4, false_fn gives 5"),
+        (lambda x: x.double(), r"output: branches must agree on dtype; true_fn gives torch.float32, false_fn gives torch.float64"),
+    ],
+)
+@pytest.mark.parametrize("taken", [True, False])
+def test_real_mode_make_fx_checks_every_branch(other, message, taken):
+    # Real tensors run only the taken branch; the node must still describe both.
+    x = torch.full((4,), 1.0 if taken else -1.0)
+    with pytest.raises(BranchMismatchError, match=message):
+        make_fx(lambda x: cond(x.sum() > 0, lambda x: x.sin(), other, [x]))(x)
+    with pytest.raises(BranchMismatchError, match=message.replace("true_fn", r"branches\[0\]").replace("false_fn", r"branches\[1\]")):
+        make_fx(lambda i, x: switch(i, [lambda x: x.sin(), other], [x]))(torch.tensor(0 if taken else 1), x)
+
+
 def test_branch_returning_a_non_tensor():
     def f(x):
         return cond(x.sum() > 0, lambda x: (x, 3), lambda x: (x, 4), (x,))

@@ -133,6 +133,10 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     tracer = mode.tracer
     labels = form.labels(len(branches))
     graphs, operands = trace_branches(tracer, branches, tuple(operands), labels)
+    if _compat.fake_mode_of(operands) is None:
+        # Real tensors: the node's value below comes from the taken branch alone, so
+        # check here that every branch's traced outputs agree, as the fake rule does.
+        _merged(form, graphs, [tuple(output_values(g)) for g in graphs], shape_env=None)
     if not output_values(graphs[0]):
         # Branches that may not mutate their inputs and return nothing have no effect:
         # checked and traced, but nothing to record.
