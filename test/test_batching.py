@@ -201,3 +201,75 @@ def test_conditional_node_plumbing_with_a_recording_if_body():
         run_as_conditional_nodes(
             form_of(switch_op), torch.tensor(0), [lambda a: (a,), lambda a: (a[:2],)], (x,), ["b0", "b1"], recording_if_body
         )
+
+
+# --- branches that run whether taken or not may not write outside themselves -----------
+
+
+def _inc(x):
+    x.add_(1)
+    return x
+
+
+_RUN_ALL = {
+    "cond select": lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select"),
+    "switch select": lambda p, x: switch(p.long(), [lambda x: x * 2, _inc], (x,), strategy="select"),
+    "make_fx select": lambda p, x: make_fx(
+        lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select")
+    )(p, x),
+    "make_fx fake select": lambda p, x: make_fx(
+        lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select"), tracing_mode="fake"
+    )(p, x),
+    "vmap per example": lambda p, x: torch.vmap(
+        lambda p, r: cond(p, _inc, lambda r: r * 2, (r,))
+    )(p.expand(2).clone(), x.expand(2, 3).clone()),
+}
+
+
+@pytest.mark.parametrize("how", list(_RUN_ALL))
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_branch_that_runs_untaken_may_not_write_to_its_inputs(how, taken):
+    # A Python `if` would write only when the branch is taken; running every branch
+    # would write either way. Refused before the write, so nothing changes.
+    from torchcond import BranchMutationError
+
+    x = torch.full((3,), 2.0)
+    with pytest.raises(BranchMutationError, match=r"(true_fn|branches\[1\]) writes in place \(aten.add_.Tensor\) to its input operands\[0\], but every branch runs"):
+        _RUN_ALL[how](torch.tensor(taken), x)
+    torch.testing.assert_close(x, torch.full((3,), 2.0))
+
+
+def test_vmap_per_example_write_to_a_batched_operand_leaves_every_row():
+    from torchcond import BranchMutationError
+
+    xs = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    with pytest.raises(BranchMutationError, match="every branch runs"):
+        torch.vmap(lambda r: cond(r.sum() > 0, _inc, lambda r: r * 2, (r,)))(xs)
+    torch.testing.assert_close(xs, torch.tensor([[1.0, 1.0], [-1.0, -1.0]]))
+
+
+def test_a_branch_that_runs_untaken_may_not_write_to_a_closed_over_tensor():
+    from torchcond import BranchMutationError
+
+    w, x = torch.zeros(3), torch.ones(3)
+    with pytest.raises(BranchMutationError, match=r"true_fn writes in place .* to a tensor from outside it \(shape \(3,\)\)"):
+        cond(torch.tensor(False), lambda x: x + w.add_(1), lambda x: x * 2, (x,), strategy="select")
+    with pytest.raises(BranchMutationError, match=r"true_fn writes in place \(aten.sin.out\)"):
+        cond(torch.tensor(False), lambda x: torch.sin(x, out=w), lambda x: x * 2, (x,), strategy="select")
+    torch.testing.assert_close(w, torch.zeros(3))
+
+
+def test_a_branch_that_runs_untaken_may_write_to_what_it_created():
+    x = torch.full((3,), 2.0)
+
+    def scratch(x):
+        y = x * 1
+        y.view(-1).add_(1)  # a view of its own intermediate
+        return torch.nn.functional.dropout(y, 0.0, training=True)  # bernoulli_ on a fresh tensor
+
+    for p, want in ((True, 3.0), (False, 4.0)):
+        out = cond(torch.tensor(p), scratch, lambda x: x * 2, (x,), strategy="select")
+        torch.testing.assert_close(out, torch.full((3,), want))
+        out = torch.vmap(lambda r: cond(r.sum() > 0 if p else r.sum() < 0, scratch, lambda r: r * 2, (r,)))(x.expand(2, 3))
+        torch.testing.assert_close(out, torch.full((2, 3), want))
+    torch.testing.assert_close(x, torch.full((3,), 2.0))

@@ -68,7 +68,8 @@ def cond(
 
     With ``strategy="select"`` both branches always run and every output element is
     picked on the device by one fused select: the predicate is never read on the
-    host (no device sync). Both branches must then return the same shapes.
+    host (no device sync). Both branches must then return the same shapes, and may
+    not write in place to anything they did not create (``BranchMutationError``).
     """
     if _dynamo_compiling():
         return _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy)

@@ -25,7 +25,8 @@ import torch
 from . import _compat, fused_select as select
 from .errors import BranchMismatchError
 from .forms import Form
-from .tracing import SpecCarrier, checked_output_paths
+from .tracing import SpecCarrier, checked_output_paths, operand_paths
+from .write_guard import refusing_outside_writes
 
 
 def vmap_rule(form: Form, interpreter, selector, branches, operands):
@@ -89,14 +90,13 @@ def run_all_and_select_batched(
     return run_all_and_select(form, selector, mapped, inputs, form.labels(len(branches)))
 
 
-def run_all_and_select(
-    form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str] | None = None
-) -> tuple:
+def run_all_and_select(form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]) -> tuple:
     """Run every branch on ``operands``, then pick each output element on the device.
 
     ``selector``'s shape is a prefix of every operand's and output's shape (0-d: one
-    choice for everything). No value is read on the host. With ``labels`` the
-    branches' outputs are checked to be selectable, with errors naming output paths.
+    choice for everything). No value is read on the host. A branch may not write to
+    anything it did not create (it runs even when not taken); outputs are checked to
+    be selectable, with errors naming output paths.
     """
     n = len(branches)
     if n == 2 and selector.dtype is torch.bool:  # cond: the predicate is the mask
@@ -105,15 +105,16 @@ def run_all_and_select(
         which = form.branch_of(selector, n)
         first = which == 0
     guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and _needs_grad(t)]
+    names = lambda: operand_paths(branches, len(operands))  # noqa: E731  (for messages only)
     outputs = []
     for k, branch in enumerate(branches):
         inputs = operands
         if guarded:
             mask = first if k == 0 else (~first if which is None else which == k)
             inputs = _masked(mask, operands, guarded)
-        outputs.append(tuple(branch(*inputs)))
-    if labels is not None:
-        _check_selectable(branches, labels, outputs)
+        with refusing_outside_writes(labels[k], operands, names):
+            outputs.append(tuple(branch(*inputs)))
+    _check_selectable(branches, labels, outputs)
     if which is None or n == 2:
         return tuple(select.select(first, outputs[0], outputs[1]))
     return tuple(select.select_n(which, outputs))

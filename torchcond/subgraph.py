@@ -89,22 +89,26 @@ def _root_storages(gm) -> dict:
 
 def _written_values(node) -> list:
     """Fake values of the arguments ``node``'s schema marks as written (``a!``)."""
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, _compat.OpOverload):
+    if node.op != "call_function" or not isinstance(node.target, _compat.OpOverload):
         return []
+    written = written_arguments(node.target, node.args, node.kwargs)
+    return [leaf.meta.get("val") for leaf in written if isinstance(leaf, torch.fx.Node)]
+
+
+def written_arguments(op, args, kwargs) -> list:
+    """The leaves of the arguments ``op``'s schema marks as written (``a!``), in place
+    or through ``out=``."""
     written = []
-    for i, arg in enumerate(target._schema.arguments):
+    for i, arg in enumerate(_compat.schema_of(op).arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:
             continue
-        if arg.name in node.kwargs:
-            value = node.kwargs[arg.name]
-        elif i < len(node.args) and not arg.kwarg_only:
-            value = node.args[i]
+        if arg.name in kwargs:
+            value = kwargs[arg.name]
+        elif i < len(args) and not arg.kwarg_only:
+            value = args[i]
         else:
             continue
-        for leaf in pytree.tree_leaves(value):
-            if isinstance(leaf, torch.fx.Node):
-                written.append(leaf.meta.get("val"))
+        written.extend(pytree.tree_leaves(value))
     return written
 
 

@@ -157,12 +157,12 @@ def trace_branches(
         for value, _node in branch_lifted:
             lifted.setdefault(_lift_key(value), value)
 
-    operand_paths = _operand_paths(branches, len(operands))
+    input_names = operand_paths(branches, len(operands))
     graphs = []
     for (gm, branch_lifted), label, spec in zip(traced, labels, branch_specs(branches)):
         gm.meta["torchcond_out_spec"] = spec
         _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
-        subgraph.reject_input_writes(gm, label, operand_paths)
+        subgraph.reject_input_writes(gm, label, input_names)
         subgraph.copy_aliased_outputs(gm)
         graphs.append(gm)
     subgraph.align_output_layouts(graphs)
@@ -200,7 +200,7 @@ def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int)
     gm.recompile()
 
 
-def _operand_paths(branches, n_operands: int) -> list[str]:
+def operand_paths(branches, n_operands: int) -> list[str]:
     """``operands[0]['h']``-style names of the flat operands, when the user's pytree is known."""
     in_spec = getattr(_flat_branch(branches[0]), "in_spec", None)
     if in_spec is None or in_spec.num_leaves != n_operands:

@@ -56,6 +56,7 @@ from torch.fx.experimental.proxy_tensor import (  # noqa: E402
     track_tensor_tree,
 )
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from torch._higher_order_ops.utils import (  # noqa: E402
     _maybe_run_with_interpreter as run_with_interpreter,
@@ -71,6 +72,7 @@ __all__ = [
     "HigherOrderOperator",
     "ProxyTorchDispatchMode",
     "StorageWeakRef",
+    "TorchDispatchMode",
     "disable_proxy_modes_tracing",
     "get_proxy_slot",
     "run_with_interpreter",
@@ -248,6 +250,10 @@ def definitely_contiguous(t: torch.Tensor) -> bool:
 
 
 # --- graph analysis ----------------------------------------------------------------
+
+
+def schema_of(op: OpOverload) -> torch.FunctionSchema:
+    return op._schema
 
 
 def storage_key(t: torch.Tensor) -> StorageWeakRef:

@@ -1,0 +1,91 @@
+"""Branches that run whether or not they are taken may not write outside themselves.
+
+``strategy="select"`` and vmap with a per-example selector run every branch, then
+pick each output element on the device. A branch's in-place write to an operand, a
+closed-over tensor or a parameter would then happen even when the branch is not
+taken, which a Python ``if`` never does. ``refusing_outside_writes`` runs a branch
+under a dispatch mode that raises before any such write: writes to tensors the
+branch itself created are allowed, as they are invisible outside it.
+
+Under dynamo the branch is traced inline and no dispatch mode can be entered
+without a graph break, so there the check is not made: ``torch.compile`` of
+``strategy="select"`` with a writing branch applies the write, as the eager
+``torch.where`` formulation of the same code would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+
+import torch
+
+from . import _compat
+from .errors import BranchMutationError
+from .subgraph import written_arguments
+
+
+@functools.lru_cache(maxsize=None)
+def _effects(op) -> tuple[bool, bool]:
+    """Whether ``op`` writes to an argument, and whether its outputs are all fresh."""
+    schema = _compat.schema_of(op)
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    fresh = all(r.alias_info is None for r in schema.returns)
+    return writes, fresh
+
+
+def refusing_outside_writes(label: str, operands: Sequence, operand_names: Callable[[], Sequence[str]]):
+    """A context in which ``label``'s branch runs; see the module docstring.
+
+    ``operand_names()`` names the operands, called only to word an error.
+    """
+    if _compat.is_dynamo_compiling():
+        return contextlib.nullcontext()
+    return _OutsideWriteGuard(label, operands, operand_names)
+
+
+class _OutsideWriteGuard(_compat.TorchDispatchMode):
+    """Raise ``BranchMutationError`` before an op writes to a tensor from outside."""
+
+    def __init__(self, label: str, operands: Sequence, operand_names: Callable[[], Sequence[str]]):
+        super().__init__()
+        self.label = label
+        self.operands = operands
+        self.operand_names = operand_names
+        self.created: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        writes, fresh = _effects(func)
+        if writes:
+            for value in written_arguments(func, args, kwargs):
+                if isinstance(value, torch.Tensor) and _storage_id(value) not in self.created:
+                    raise self._error(func, value)
+        out = func(*args, **kwargs)
+        if fresh:  # a view or an in-place result shares an input's storage
+            for leaf in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(leaf, torch.Tensor):
+                    self.created.add(_storage_id(leaf))
+        return out
+
+    def _error(self, func, value) -> BranchMutationError:
+        target = _storage_id(value)
+        names = [
+            name
+            for t, name in zip(self.operands, self.operand_names())
+            if isinstance(t, torch.Tensor) and _storage_id(t) == target
+        ]
+        what = f"its input {names[0]}" if names else f"a tensor from outside it (shape {tuple(value.shape)})"
+        return BranchMutationError(
+            f"{self.label} writes in place ({func}) to {what}, but every branch runs "
+            "here, taken or not (strategy='select', or vmap with a per-example selector), "
+            "so the write would happen either way. Return the new value instead "
+            "(x + 1 rather than x.add_(1))"
+        )
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    # The address of the storage: storages from outside the branch stay alive while
+    # it runs, so an address the branch created can never be one of theirs.
+    return t.untyped_storage()._cdata
