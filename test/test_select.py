@@ -836,3 +836,22 @@ def test_cuda_gradients_and_opcheck():
     assert torch.autograd.gradcheck(lambda t, f: tuple(select(pred, [t], [f])), (t, f))
     torch.library.opcheck(OPS.select.default, (pred, [t], [f]))
     torch.library.opcheck(OPS.select_n.default, (torch.tensor([2, 0, 1], device="cuda"), [t, f, t], 3))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda p, a: select(p, [a * 2], [a.sin()])[0],
+        lambda p, a: select(p, [a], [a])[0],  # one input on both sides
+        lambda p, a: select_n(p.long(), [[a * 2], [a.sin()]])[0],
+        lambda p, a: select_n(p.long(), [[a], [a], [a.exp()]])[0],
+    ],
+    ids=["select", "select-same-input", "select_n", "select_n-same-input"],
+)
+def test_forward_over_reverse(fn):
+    # The backward is itself a select; differentiating it in forward mode needs the
+    # select's jvp, which only the autograd.Function path has.
+    a = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    p = torch.tensor([True, False, True])
+    assert torch.autograd.gradgradcheck(lambda a: fn(p, a), (a,), check_fwd_over_rev=True)
+    assert torch.autograd.gradcheck(lambda a: fn(p, a), (a,), check_forward_ad=True, check_backward_ad=True)

@@ -259,7 +259,9 @@ def _select_n_grads(index, grads, nb, need, select_n_fn):
 def _select_backward(ctx, grads):
     (pred,) = ctx.saved_tensors
     _, need_true, need_false = ctx.needs_input_grad
-    grad_true, grad_false = _select_grads(pred, grads, need_true, need_false, _OPS.select)
+    # Through the public entry, not the op: forward-over-reverse gives the cotangents
+    # tangents, and only the autograd.Function has a jvp.
+    grad_true, grad_false = _select_grads(pred, grads, need_true, need_false, _select_differentiable)
     return None, grad_true, grad_false
 
 
@@ -273,7 +275,7 @@ def _select_n_setup_context(ctx, inputs, output):
 def _select_n_backward(ctx, grads):
     (index,) = ctx.saved_tensors
     _, need, _ = ctx.needs_input_grad
-    return None, _select_n_grads(index, grads, ctx.num_branches, need, _OPS.select_n), None
+    return None, _select_n_grads(index, grads, ctx.num_branches, need, _select_n_differentiable), None
 
 
 def _to_front(value: torch.Tensor, bdim, batch_size: int) -> torch.Tensor:
