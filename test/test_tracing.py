@@ -5,6 +5,7 @@ import re
 import expecttest
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from helpers import count_nodes, readable
@@ -326,3 +327,57 @@ def test_a_trace_is_freed_once_the_caller_drops_it(how):
     trace()  # torch.export itself holds on to its latest trace, ours or not
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
+
+
+_NONE_OUTPUTS = {
+    "None": (lambda x: None, lambda x: None),
+    "tuple with None": (lambda x: (None, x + 1), lambda x: (None, x - 1)),
+    "dict with None": (lambda x: {"a": None, "b": [x * 2]}, lambda x: {"a": None, "b": [x * 3]}),
+    "empty": (lambda x: (), lambda x: ()),
+}
+
+
+def _none_output_modes():
+    def export(fn, strict):
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return fn(x)
+
+        return lambda x: torch.export.export(M(), (x,), strict=strict).module()(x)
+
+    return {
+        "eager": lambda fn: fn,
+        "make_fx": lambda fn: lambda x: make_fx(fn)(x)(x),
+        "make_fx symbolic": lambda fn: lambda x: make_fx(fn, tracing_mode="symbolic")(x)(x),
+        "export": lambda fn: export(fn, strict=False),
+        "export strict": lambda fn: export(fn, strict=True),
+        "compile": lambda fn: torch.compile(fn, backend="aot_eager", fullgraph=True),
+    }
+
+
+@pytest.mark.parametrize("mode", list(_none_output_modes()))
+@pytest.mark.parametrize("outputs", list(_NONE_OUTPUTS))
+def test_none_outputs_come_back_as_in_eager(mode, outputs):
+    # torch's pytree makes None a leaf; a conditional's outputs are tensors, so a None
+    # is kept in the structure and rebuilt, in every mode, as a Python `if` returns it.
+    true_fn, false_fn = _NONE_OUTPUTS[outputs]
+    torch._dynamo.reset()
+
+    def fn(x):
+        return cond(x.sum() > 0, true_fn, false_fn, (x,))
+
+    x = torch.ones(3)
+    for sign in (1, -1):
+        expected = true_fn(sign * x) if sign > 0 else false_fn(sign * x)
+        got = _none_output_modes()[mode](fn)(sign * x)
+        assert pytree.tree_structure(got) == pytree.tree_structure(expected)
+        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("mode", ["make_fx", "compile"])
+def test_none_against_a_tensor_is_a_structure_mismatch(mode):
+    def fn(x):
+        return cond(x.sum() > 0, lambda x: (None, x + 1), lambda x: (x, x - 1), (x,))
+
+    with pytest.raises(Exception, match="(true_fn returns \\(None, Tensor\\), false_fn returns \\(Tensor, Tensor\\)|different pytree structures)"):
+        _none_output_modes()[mode](fn)(torch.ones(3))

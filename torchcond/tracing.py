@@ -39,7 +39,25 @@ def leaf_paths(spec: pytree.TreeSpec | None, count: int, root: str = "output") -
         return [f"{root}[{i}]" for i in range(count)]
     tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
     with_paths, _ = pytree.tree_flatten_with_path(tree)
-    return [root + pytree.keystr(path) for path, _ in with_paths]
+    # A None in the tree is an output that is not there (see _NoOutput), not a leaf.
+    return [root + pytree.keystr(path) for path, leaf in with_paths if leaf is not None]
+
+
+class _NoOutput:
+    """Stands for a ``None`` in a branch's output: part of the structure, not a leaf.
+
+    torch's pytree makes ``None`` a leaf, which a conditional's flat outputs (tensors
+    only) cannot hold. As a node with no children it is checked like any structure
+    and comes back as ``None`` when the output is rebuilt, as in eager mode.
+    """
+
+
+pytree.register_pytree_node(_NoOutput, lambda _: ([], None), lambda _values, _context: None)
+_NO_OUTPUT = _NoOutput()
+
+
+def _none_as_node(out):
+    return pytree.tree_map(lambda leaf: _NO_OUTPUT if leaf is None else leaf, out)
 
 
 class FlatBranch:
@@ -58,7 +76,7 @@ class FlatBranch:
 
     def __call__(self, *flat_operands):
         out = self.fn(*pytree.tree_unflatten(list(flat_operands), self.in_spec))
-        flat, spec = pytree.tree_flatten(out)
+        flat, spec = pytree.tree_flatten(_none_as_node(out))
         check_tensor_leaves(flat, spec, f"{self.label} output")
         self.out_spec = spec
         return tuple(flat)

@@ -100,9 +100,10 @@ def _conditional_variable_class(hop, op_name: str, taken):
 
             speculated = [self._speculate(tx, j, b, operand_vts) for j, b in enumerate(branch_vts)]
             first_spec = speculated[0][1].treespec
+            first_nones = speculated[0][1].masks_to_filter_const_values
             for _, spec, *_ in speculated[1:]:
                 same = hop._make_inlined(tx, pytree.TreeSpec.__eq__)(first_spec, spec.treespec)
-                if not same.as_python_constant():
+                if not same.as_python_constant() or spec.masks_to_filter_const_values != first_nones:
                     refuse("branches return different pytree structures", (first_spec, spec.treespec))
             shared = self._merge_lifted_inputs(speculated)
             graph_nodes = []
@@ -125,14 +126,18 @@ def _conditional_variable_class(hop, op_name: str, taken):
                 self._HOP_NAME,
                 source_target=self.value,
                 should_flatten_outputs=True,
-                remove_consts_from_outputs=False,
+                # None outputs leave the graph and come back when the output is
+                # rebuilt, as in eager mode; any other constant is refused below.
+                remove_consts_from_outputs=True,
                 # Writes to inputs are refused; an output that is (a view of) an
                 # input is fine: tracing.py copies it when the graph is traced again.
                 supports_input_mutation=False,
                 supports_aliasing=True,
             )
             tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
-            if not hop.only_consist_of(ret_val, (variables().TensorVariable,)):
+            if not hop.only_consist_of(ret_val, (variables().TensorVariable, variables().ConstantVariable)) or any(
+                v is not None for v in ret_spec.const_values or ()
+            ):
                 refuse("branches must return pytrees of tensors", ret_val)
             return ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules)
 
