@@ -281,3 +281,27 @@ def test_meta_selector_with_real_operands():
 def test_switch_checks_every_branch_even_when_another_is_taken():
     with pytest.raises(CondArgumentError, match=r"'branches\[1\]' must be callable; found NoneType"):
         switch(torch.tensor(0), [ident, None], (x,))
+
+
+@pytest.mark.parametrize("mode", ["eager", "eager python bool", "make_fx", "symbolic"])
+def test_a_branch_that_cannot_take_the_operands_is_named(mode):
+    def run(fn):
+        if mode == "eager":
+            return fn(torch.tensor(True), x)
+        if mode == "eager python bool":
+            return fn(True, x)
+        return make_fx(fn, tracing_mode="real" if mode == "make_fx" else "symbolic")(torch.tensor(True), x)
+
+    with pytest.raises(CondArgumentError, match=re.escape("true_fn is called with the 1 operand (as true_fn(*operands)), but its signature () does not take them")):
+        run(lambda p, x: cond(p, lambda: x, lambda x: x, (x,)))
+    with pytest.raises(CondArgumentError, match=re.escape("branches[1] is called with the 2 operands (as branches[1](*operands)), but its signature (a) does not take them")):
+        run(lambda p, x: switch(p.long() if isinstance(p, torch.Tensor) else int(p), [lambda a, b: a, lambda a: a], (x, x)))
+
+
+def test_a_type_error_inside_a_branch_is_not_mistaken_for_arity():
+    def bad(x):
+        return len(3)
+
+    with pytest.raises(TypeError, match="has no len") as info:
+        cond(torch.tensor(True), bad, ident, (x,))
+    assert not isinstance(info.value, CondError)

@@ -19,7 +19,7 @@ from .errors import CondArgumentError
 from .forms import clamp_index, host_index, is_concrete, switch_branch_of
 from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .ops import cond_op, form_of, switch_op
-from .tracing import FlatBranch, recorded_spec
+from .tracing import FlatBranch, raise_if_arity_error, recorded_spec
 
 _Tensor = torch.Tensor
 # The fast path's test for "maybe tracing": dynamo (first: dynamo folds it and never
@@ -87,7 +87,11 @@ def cond(
             taken = pred.__bool__()
         except RuntimeError:  # several elements, or batched by vmap: explained below
             return _cond_slow(pred, true_fn, false_fn, operands, strategy)
-        return true_fn(*operands) if taken else false_fn(*operands)
+        try:
+            return true_fn(*operands) if taken else false_fn(*operands)
+        except TypeError as error:  # free when nothing is raised
+            raise_if_arity_error(error, *((true_fn, "true_fn") if taken else (false_fn, "false_fn")), operands)
+            raise
     return _cond_slow(pred, true_fn, false_fn, operands, strategy)
 
 
@@ -127,7 +131,12 @@ def switch(
             i = index.__index__()
         except (RuntimeError, TypeError):  # several elements, meta, batched: explained below
             return _switch_slow(index, branches, operands, strategy)
-        return branches[min(max(i, 0), len(branches) - 1)](*operands)
+        i = min(max(i, 0), len(branches) - 1)
+        try:
+            return branches[i](*operands)
+        except TypeError as error:
+            raise_if_arity_error(error, branches[i], f"branches[{i}]", operands)
+            raise
     return _switch_slow(index, branches, operands, strategy)
 
 
@@ -174,11 +183,11 @@ def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto"):
     pred = _python_scalar(pred)
     if isinstance(pred, (bool, int, float)):
         _warn_if_exporting("cond", "pred", pred, "a tensor or a SymBool")
-        return true_fn(*operands) if pred else false_fn(*operands)
+        return _run_taken(*((true_fn, "true_fn") if pred else (false_fn, "false_fn")), operands)
     if isinstance(pred, torch.Tensor):
         _check_pred_tensor(pred)
         if is_concrete(pred):
-            return true_fn(*operands) if pred else false_fn(*operands)
+            return _run_taken(*((true_fn, "true_fn") if pred else (false_fn, "false_fn")), operands)
     pred = _normalize_pred(pred)
     return _call_operator(cond_op, pred, [(true_fn, "true_fn"), (false_fn, "false_fn")], operands)
 
@@ -193,14 +202,25 @@ def _switch_slow(index, branches, operands, strategy="auto"):
     index = _python_scalar(index)
     if isinstance(index, int) and not isinstance(index, bool):
         _warn_if_exporting("switch", "index", index, "a tensor or a SymInt")
-        return branches[clamp_index(index, n)](*operands)
+        i = clamp_index(index, n)
+        return _run_taken(branches[i], f"branches[{i}]", operands)
     if isinstance(index, torch.Tensor):
         _check_index_tensor(index)
         if is_concrete(index):
-            return branches[clamp_index(host_index(index), n)](*operands)
+            i = clamp_index(host_index(index), n)
+            return _run_taken(branches[i], f"branches[{i}]", operands)
     index = _normalize_index(index, n)
     labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
     return _call_operator(switch_op, index, labelled, operands)
+
+
+def _run_taken(fn, label: str, operands):
+    """The taken branch, run as a Python `if` would."""
+    try:
+        return fn(*operands)
+    except TypeError as error:
+        raise_if_arity_error(error, fn, label, operands)
+        raise
 
 
 def _call_operator(op, selector, labelled_branches, operands):

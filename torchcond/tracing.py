@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -9,7 +10,7 @@ import torch
 
 from . import _compat, subgraph
 from ._compat import pytree
-from .errors import BranchMismatchError
+from .errors import BranchMismatchError, CondArgumentError
 
 
 def describe_structure(spec: pytree.TreeSpec) -> str:
@@ -75,7 +76,12 @@ class FlatBranch:
         self.__name__ = getattr(fn, "__name__", label)
 
     def __call__(self, *flat_operands):
-        out = self.fn(*pytree.tree_unflatten(list(flat_operands), self.in_spec))
+        operands = pytree.tree_unflatten(list(flat_operands), self.in_spec)
+        try:
+            out = self.fn(*operands)
+        except TypeError as error:
+            raise_if_arity_error(error, self.fn, self.label, operands)
+            raise
         flat, spec = pytree.tree_flatten(_none_as_node(out))
         check_tensor_leaves(flat, spec, f"{self.label} output")
         self.out_spec = spec
@@ -96,6 +102,25 @@ class SpecCarrier:
     @property
     def out_spec(self):
         return branch_specs([self.origin])[0]
+
+
+def raise_if_arity_error(error: TypeError, fn: Callable, label: str, operands) -> None:
+    """Raise a ``CondArgumentError`` naming the branch when ``fn`` cannot take the
+    operands at all; return (and let ``error`` propagate) when the ``TypeError``
+    came from inside the branch."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function without one
+        return
+    try:
+        signature.bind(*operands)
+    except TypeError as mismatch:
+        n = len(operands)
+        raise CondArgumentError(
+            f"{label} is called with the {n} operand{'s' if n != 1 else ''} "
+            f"(as {label}(*operands)), but its signature {signature} does not take "
+            f"them: {mismatch}"
+        ) from error
 
 
 def check_tensor_leaves(flat: Sequence, spec: pytree.TreeSpec, what: str) -> None:
