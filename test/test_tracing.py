@@ -381,3 +381,24 @@ def test_none_against_a_tensor_is_a_structure_mismatch(mode):
 
     with pytest.raises(Exception, match="(true_fn returns \\(None, Tensor\\), false_fn returns \\(Tensor, Tensor\\)|different pytree structures)"):
         _none_output_modes()[mode](fn)(torch.ones(3))
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4)])
+def test_symbolic_trace_with_equal_dims_and_different_strides(shape):
+    # x + 1 and x.mT + 1 agree on sizes only because the dims are equal; their strides
+    # differ, so both branches return contiguous outputs. Reading the strides (s0**2)
+    # must not reach the parent trace.
+    def f(x):
+        return cond(x.sum() > 0, lambda x: x + 1, lambda x: x.mT + 1, (x,))
+
+    def g(i, x):
+        return switch(i, [lambda x: x + 1, lambda x: x.mT * 2, lambda x: x.mT.contiguous()], (x,))
+
+    x = torch.randn(*shape)
+    gm = make_fx(f, tracing_mode="symbolic")(x)
+    gm_switch = make_fx(g, tracing_mode="symbolic")(torch.tensor(0), x)
+    for sign in (1, -1):
+        assert torch.equal(gm(sign * x), f(sign * x))
+        assert gm(sign * x).is_contiguous()
+    for i in range(3):
+        assert torch.equal(gm_switch(torch.tensor(i), x), g(torch.tensor(i), x))

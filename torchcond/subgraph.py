@@ -55,11 +55,18 @@ def align_output_layouts(graphs: Sequence[torch.fx.GraphModule]) -> None:
     The merged fake output promises contiguous strides in that case (merge.py).
     """
     outputs = [output_values(gm) for gm in graphs]
-    for i, per_branch in enumerate(zip(*outputs)):
-        if same_layout(per_branch):
-            continue
-        for gm, val in zip(graphs, per_branch):
-            if not _compat.definitely_contiguous(val):
+    # Size arithmetic on the branches' values (a stride s0**2, say) belongs to no
+    # trace: with the parent's proxy mode on, it would be recorded there and fail.
+    with _compat.disable_proxy_modes_tracing():
+        contiguous_needed = [
+            [not _compat.definitely_contiguous(val) for val in per_branch]
+            if not same_layout(per_branch)
+            else [False] * len(graphs)
+            for per_branch in zip(*outputs)
+        ]
+    for i, needed in enumerate(contiguous_needed):
+        for gm, copy in zip(graphs, needed):
+            if copy:
                 _copy_outputs(gm, {i}, memory_format=torch.contiguous_format)
 
 
