@@ -305,3 +305,24 @@ def test_a_type_error_inside_a_branch_is_not_mistaken_for_arity():
     with pytest.raises(TypeError, match="has no len") as info:
         cond(torch.tensor(True), bad, ident, (x,))
     assert not isinstance(info.value, CondError)
+
+
+def test_check_branches_catches_in_eager_what_export_would_refuse():
+    w = torch.nn.Parameter(torch.ones(3))
+    to_double = lambda x: x.double()  # noqa: E731
+    # Without the check only the taken branch runs, as a Python `if`.
+    torch.testing.assert_close(cond(torch.tensor(True), lambda x: x * w, to_double, (x,)), x * w)
+    for pred in (torch.tensor(True), True):
+        with pytest.raises(BranchMismatchError, match="true_fn gives torch.float32, false_fn gives torch.float64"):
+            cond(pred, lambda x: x * w, to_double, (x,), check_branches=True)
+    with pytest.raises(BranchMismatchError, match=r"branches\[0\] returns Tensor, branches\[1\] returns \(Tensor,\)"):
+        switch(torch.tensor(0), [lambda x: x, lambda x: (x,)], (x,), check_branches=True)
+    a = torch.ones(3)
+    with pytest.raises(BranchMutationError, match="false_fn writes in place to its input operands"):
+        cond(torch.tensor(True), lambda a: a + 1, lambda a: a.add_(5), (a,), check_branches=True)
+    torch.testing.assert_close(a, torch.ones(3))
+    # What export accepts passes, and the call then runs the taken branch for real.
+    out = cond(torch.tensor(True), lambda x: x * w, lambda x: x[:2], (x,), check_branches=True)
+    torch.testing.assert_close(out, x * w)
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, x)

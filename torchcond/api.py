@@ -45,6 +45,7 @@ def cond(
     operands: tuple | list = (),
     *,
     strategy: str = "auto",
+    check_branches: bool = False,
 ) -> Any:
     """Return ``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``.
 
@@ -59,6 +60,10 @@ def cond(
             may differ (they become unbacked sizes when traced).
         operands: a tuple or list of pytrees whose leaves are tensors.
         strategy: ``"auto"`` (default) or ``"select"``; see below.
+        check_branches: in eager mode, also run every branch on fake tensors (no
+            real data read or written) and raise what tracing or ``torch.export``
+            would raise about them, such as a :class:`BranchMismatchError` from a
+            branch this call does not take. Off by default: it costs a fake trace.
 
     With ``strategy="auto"``, in eager mode only the taken branch runs, exactly as a
     Python ``if``; under tracing (``make_fx``, ``torch.export``, fake tensors) both
@@ -75,6 +80,7 @@ def cond(
         return _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy)
     if (
         strategy == "auto"
+        and not check_branches
         and type(pred) is _Tensor
         and callable(true_fn)
         and callable(false_fn)
@@ -86,13 +92,13 @@ def cond(
         try:
             taken = pred.__bool__()
         except RuntimeError:  # several elements, or batched by vmap: explained below
-            return _cond_slow(pred, true_fn, false_fn, operands, strategy)
+            return _cond_slow(pred, true_fn, false_fn, operands, strategy, check_branches)
         try:
             return true_fn(*operands) if taken else false_fn(*operands)
         except TypeError as error:  # free when nothing is raised
             raise_if_arity_error(error, *((true_fn, "true_fn") if taken else (false_fn, "false_fn")), operands)
             raise
-    return _cond_slow(pred, true_fn, false_fn, operands, strategy)
+    return _cond_slow(pred, true_fn, false_fn, operands, strategy, check_branches)
 
 
 def switch(
@@ -101,6 +107,7 @@ def switch(
     operands: tuple | list = (),
     *,
     strategy: str = "auto",
+    check_branches: bool = False,
 ) -> Any:
     """Return ``branches[clamp(index, 0, len(branches) - 1)](*operands)``.
 
@@ -113,11 +120,13 @@ def switch(
             same output rules as :func:`cond`.
         operands: a tuple or list of pytrees whose leaves are tensors.
         strategy: ``"auto"`` or ``"select"``, as for :func:`cond`.
+        check_branches: as for :func:`cond`.
     """
     if _dynamo_compiling():
         return _switch_under_dynamo(index, branches, operands, strategy)
     if (
         strategy == "auto"
+        and not check_branches
         and type(index) is _Tensor
         and type(branches) is list
         and branches
@@ -130,14 +139,14 @@ def switch(
         try:
             i = index.__index__()
         except (RuntimeError, TypeError):  # several elements, meta, batched: explained below
-            return _switch_slow(index, branches, operands, strategy)
+            return _switch_slow(index, branches, operands, strategy, check_branches)
         i = min(max(i, 0), len(branches) - 1)
         try:
             return branches[i](*operands)
         except TypeError as error:
             raise_if_arity_error(error, branches[i], f"branches[{i}]", operands)
             raise
-    return _switch_slow(index, branches, operands, strategy)
+    return _switch_slow(index, branches, operands, strategy, check_branches)
 
 
 # --- the traced path ------------------------------------------------------------------
@@ -174,44 +183,64 @@ def _switch_under_dynamo(index, branches, operands, strategy):
     return switch_op(index, *branches, operands)
 
 
-def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto"):
+def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto", check_branches=False):
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
+    labelled = [(true_fn, "true_fn"), (false_fn, "false_fn")]
     if _use_select(strategy, pred):
-        labelled = [(true_fn, "true_fn"), (false_fn, "false_fn")]
         return _select_path(cond_op, _normalize_pred(pred), labelled, operands, strategy)
     pred = _python_scalar(pred)
     if isinstance(pred, (bool, int, float)):
         _warn_if_exporting("cond", "pred", pred, "a tensor or a SymBool")
-        return _run_taken(*((true_fn, "true_fn") if pred else (false_fn, "false_fn")), operands)
+        return _run_concrete(cond_op, labelled, 0 if pred else 1, operands, check_branches)
     if isinstance(pred, torch.Tensor):
         _check_pred_tensor(pred)
         if is_concrete(pred):
-            return _run_taken(*((true_fn, "true_fn") if pred else (false_fn, "false_fn")), operands)
+            return _run_concrete(cond_op, labelled, 0 if pred else 1, operands, check_branches)
     pred = _normalize_pred(pred)
-    return _call_operator(cond_op, pred, [(true_fn, "true_fn"), (false_fn, "false_fn")], operands)
+    return _call_operator(cond_op, pred, labelled, operands)
 
 
-def _switch_slow(index, branches, operands, strategy="auto"):
+def _switch_slow(index, branches, operands, strategy="auto", check_branches=False):
     branches = _check_branch_list(branches)
     _check_operands(operands)
     n = len(branches)
+    labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
     if _use_select(strategy, index):
-        labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
         return _select_path(switch_op, _normalize_index(index, n), labelled, operands, strategy)
     index = _python_scalar(index)
     if isinstance(index, int) and not isinstance(index, bool):
         _warn_if_exporting("switch", "index", index, "a tensor or a SymInt")
-        i = clamp_index(index, n)
-        return _run_taken(branches[i], f"branches[{i}]", operands)
+        return _run_concrete(switch_op, labelled, clamp_index(index, n), operands, check_branches)
     if isinstance(index, torch.Tensor):
         _check_index_tensor(index)
         if is_concrete(index):
-            i = clamp_index(host_index(index), n)
-            return _run_taken(branches[i], f"branches[{i}]", operands)
+            taken = clamp_index(host_index(index), n)
+            return _run_concrete(switch_op, labelled, taken, operands, check_branches)
     index = _normalize_index(index, n)
-    labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
     return _call_operator(switch_op, index, labelled, operands)
+
+
+def _run_concrete(op, labelled_branches, taken: int, operands, check_branches: bool):
+    """The taken branch, run as a Python `if` would; with ``check_branches``, every
+    branch is first checked on fake tensors as tracing would check it."""
+    if check_branches:
+        _check_every_branch(op, labelled_branches, operands)
+    fn, label = labelled_branches[taken]
+    return _run_taken(fn, label, operands)
+
+
+def _check_every_branch(op, labelled_branches, operands) -> None:
+    """Trace the conditional as ``torch.export`` would (symbolic shapes, fake tensors),
+    so that what it would refuse in any branch raises now; the trace is dropped."""
+    flat, spec = pytree.tree_flatten(operands)
+    # A selector the trace cannot read, so that every branch is traced.
+    selector = torch.zeros((), dtype=torch.bool if op is cond_op else torch.int64)
+
+    def call(selector, *flat):
+        return _call_operator(op, selector, labelled_branches, pytree.tree_unflatten(list(flat), spec))
+
+    _compat.trace_as_export_would(call, (selector, *flat))
 
 
 def _run_taken(fn, label: str, operands):

@@ -527,6 +527,12 @@ def fake_mode_of(args):
     return detect_fake_mode(args)
 
 
+def trace_as_export_would(fn: Callable, args: tuple) -> torch.fx.GraphModule:
+    """``make_fx`` with symbolic shapes; tensors ``fn`` closes over (parameters) are
+    made fake as they are met. ``_allow_non_fake_inputs``: checked on 2.11-2.14."""
+    return _proxy_tensor.make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
+
+
 def getattr_path(module: torch.nn.Module, target: str):
     """``module.a.b`` for a get_attr node's dotted target."""
     value = module
