@@ -5,6 +5,7 @@
 #   make demo   run demo.py (eager, export with a dynamic batch, print, save/load)
 #   make test   CUDA kernel compile check, unit tests, docs build (warnings are errors),
 #               benchmark smoke runs
+#   make test-long  the hypothesis properties with 20x their examples (nightly)
 #   make matrix what CI runs: `test` on torch 2.13.0 and 2.14.1, `unit` and
 #               `bench-smoke` on 2.11.0
 #   make cuda-check  compile csrc/cuda/select_kernel.cuh with nvcc (skipped without nvcc)
@@ -20,7 +21,7 @@ DEPS_STAMP := $(VENV)/.torchcond-deps
 MATRIX_FULL ?= 2.13.0 2.14.1
 MATRIX_UNIT ?= 2.11.0
 
-.PHONY: install ext demo test unit docs bench-smoke cuda-check matrix clean
+.PHONY: install ext demo test unit test-long docs bench-smoke cuda-check matrix clean
 
 install: ext
 
@@ -45,6 +46,13 @@ test: cuda-check unit docs bench-smoke
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Nightly-style: the hypothesis properties with EXAMPLES_SCALE times their examples
+# (cond/switch against a Python `if` over pytrees, dtypes, layouts with equal dims,
+# in-place branches under select and vmap, grad-mode and custom-Function branches).
+EXAMPLES_SCALE ?= 20
+test-long: install
+	TORCHCOND_EXAMPLES_SCALE=$(EXAMPLES_SCALE) $(PY) -m pytest -q -p no:cacheprovider test/test_properties.py test/test_autograd_properties.py
 
 docs: install
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html

@@ -1,5 +1,6 @@
 """Shared test utilities: graph text normalisation and version pinning."""
 
+import os
 import re
 
 import torch
@@ -7,6 +8,15 @@ import torch
 # (major, minor) of the running torch. Expected graph printouts that differ between
 # supported releases keep one text per release, chosen with this.
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+# `make test-long` multiplies every hypothesis property's example count by this.
+EXAMPLES_SCALE = int(os.environ.get("TORCHCOND_EXAMPLES_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    """Hypothesis ``max_examples`` for a property: ``n`` in the default suite."""
+    return n * EXAMPLES_SCALE
 
 
 def readable(gm: torch.fx.GraphModule) -> str:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from helpers import examples
 from torchcond import cond, switch
 
 UNARY = [
@@ -69,7 +70,7 @@ def inputs(seed, sign):
     return x, y
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(programs(), programs(), st.integers(0, 2**16))
 def test_cond_derivatives_equal_python_if(true_prog, false_prog, seed):
     def with_cond(x, y):
@@ -87,7 +88,7 @@ def test_cond_derivatives_equal_python_if(true_prog, false_prog, seed):
         same(traced(*inputs(seed, sign)), want)
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(st.lists(programs(), min_size=2, max_size=4), st.integers(0, 2**16))
 def test_switch_derivatives_equal_python_indexing(branches, seed):
     def with_switch(i, x, y):
@@ -100,3 +101,57 @@ def test_switch_derivatives_equal_python_indexing(branches, seed):
     for i in range(len(branches)):
         want = derivatives(branches[i], *inputs(seed, 1.0))
         same(traced(torch.tensor(i), *inputs(seed, 1.0)), want)
+
+
+# --- grad mode and custom autograd.Functions inside branches ------------------------------
+
+
+class _StraightThrough(torch.autograd.Function):
+    """round() forward, identity backward: what quantization-aware training uses."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.round()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3  # distinguishable from any derivative of round()
+
+
+PIECES = [
+    lambda x: x.sin(),
+    lambda x: x * _no_grad_sum(x),
+    lambda x: _StraightThrough.apply(x * 2),
+    lambda x: x * x.detach(),
+    lambda x: x.exp() * _StraightThrough.apply(x),
+]
+
+
+def _no_grad_sum(x):
+    with torch.no_grad():
+        return x.sum()
+
+
+@settings(max_examples=examples(4), deadline=None)
+@given(st.sampled_from(range(len(PIECES))), st.sampled_from(range(len(PIECES))), st.integers(0, 2**16))
+def test_grad_mode_and_custom_function_branches_equal_python_if(a, b, seed):
+    # Eagerly and under torch.compile the branch's own autograd runs: no_grad blocks
+    # and a custom backward count exactly as in a Python `if`.
+    t, f = PIECES[a], PIECES[b]
+
+    def loss(fn, x):
+        return fn(x).sum()
+
+    with_cond = lambda x: cond(x.sum() > 0, t, f, (x,))  # noqa: E731
+    with_if = lambda x: t(x) if x.sum() > 0 else f(x)  # noqa: E731
+    torch._dynamo.reset()  # one code object for every example: past the recompile limit dynamo would run it eagerly
+    compiled = torch.compile(with_cond, backend="aot_eager", fullgraph=True)
+    g = torch.Generator().manual_seed(seed)
+    base = torch.rand(4, generator=g, dtype=torch.float64) + 0.1
+    for sign in (1.0, -1.0):
+        x = (sign * base).requires_grad_()
+        (want,) = torch.autograd.grad(loss(with_if, x), x)
+        for fn in (with_cond, compiled):
+            x = (sign * base).requires_grad_()
+            (got,) = torch.autograd.grad(loss(fn, x), x)
+            torch.testing.assert_close(got, want)

@@ -1,12 +1,14 @@
 """Properties: cond/switch equal a Python `if`/index over random pytrees, shapes, dtypes."""
 
+import pytest
 import torch
 import torch.utils._pytree as pytree
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torchcond import cond, switch
+from helpers import examples
+from torchcond import BranchMutationError, cond, switch
 
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool]
 
@@ -69,8 +71,8 @@ def predicates(draw):
 
 
 operand_lists = st.lists(pytrees(tensors()), min_size=1, max_size=3).map(tuple)
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-TRACE_SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TRACE_SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def assert_same(actual, expected):
@@ -117,3 +119,87 @@ def test_switch_after_make_fx_is_clamped_indexing(branches, operands):
     for index in (-1, 0, 1, len(branches) - 1, len(branches) + 2):
         expected = branches[min(max(index, 0), len(branches) - 1)](*operands)
         assert_same(gm(torch.tensor(index), *operands), expected)
+
+
+# --- layouts: equal dims, different strides ---------------------------------------------
+
+LAYOUTS = [
+    lambda t: t,
+    lambda t: t.mT,
+    lambda t: t.mT.contiguous(),
+    lambda t: t.flip(-1),
+    lambda t: t.mT[..., ::1],
+    lambda t: t.movedim(0, -1) if t.dim() == 3 else t.mT,
+]
+
+
+@TRACE_SETTINGS
+@given(
+    st.integers(1, 4),
+    st.booleans(),
+    st.sampled_from(range(len(LAYOUTS))),
+    st.sampled_from(range(len(LAYOUTS))),
+    st.integers(0, 2**16),
+)
+def test_branches_with_equal_dims_and_any_strides_trace_to_python_if(n, batched, a, b, seed):
+    # Square (or cube) operands: every layout has the same sizes, the strides differ.
+    shape = (n, n, n) if batched else (n, n)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    t = lambda x: LAYOUTS[a](x) + 1  # noqa: E731
+    f = lambda x: LAYOUTS[b](x) * 2  # noqa: E731
+    gm = make_fx(lambda p, x: cond(p, t, f, (x,)), tracing_mode="symbolic")(torch.tensor(True), x)
+    for value in (True, False):
+        assert_same(gm(torch.tensor(value), x), t(x) if value else f(x))
+
+
+# --- in-place branches where every branch runs --------------------------------------------
+
+IN_PLACE = [
+    lambda t: t.add_(1),
+    lambda t: t.mul_(2),
+    lambda t: t.view(-1).neg_(),
+    lambda t: torch.sin(t, out=t),
+    lambda t: t[..., :1].zero_(),
+]
+
+
+@SETTINGS
+@given(
+    st.sampled_from(range(len(IN_PLACE))),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(["select", "vmap"]),
+    st.integers(0, 2**16),
+)
+def test_writes_where_every_branch_runs(op, on_operand, taken, how, seed):
+    """A write to an operand is refused before it happens; a write to the branch's own
+    intermediate is invisible outside, so the result is a Python `if`'s."""
+    # vmap has no batching rule for out= ops (a Python `if` under vmap fails the same way)
+    assume(not (how == "vmap" and op == 3))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+    before = x.clone()
+
+    def writer(x):
+        target = x if on_operand else x * 1
+        IN_PLACE[op](target)
+        return target + 0
+
+    other = lambda x: x - 1  # noqa: E731
+    if how == "select":
+        run = lambda x: cond(torch.tensor(taken), writer, other, (x,), strategy="select")  # noqa: E731
+    else:
+        # per-example predicate: row i takes `writer` when taken for row i
+        flags = torch.tensor([taken, not taken, taken])
+        run = lambda x: torch.vmap(lambda p, r: cond(p, writer, other, (r,)))(flags, x)  # noqa: E731
+    if on_operand:
+        with pytest.raises(BranchMutationError, match="every branch runs"):
+            run(x)
+        assert torch.equal(x, before)
+        return
+    out = run(x)
+    assert torch.equal(x, before)
+    if how == "select":
+        assert_same(out, writer(x) if taken else other(x))
+    else:
+        rows = [writer(r) if bool(p) else other(r) for p, r in zip(flags, x)]
+        assert_same(out, torch.stack(rows))
