@@ -273,3 +273,31 @@ def test_a_branch_that_runs_untaken_may_write_to_what_it_created():
         out = torch.vmap(lambda r: cond(r.sum() > 0 if p else r.sum() < 0, scratch, lambda r: r * 2, (r,)))(x.expand(2, 3))
         torch.testing.assert_close(out, torch.full((2, 3), want))
     torch.testing.assert_close(x, torch.full((3,), 2.0))
+
+
+def test_vmap_per_example_predicate_with_branches_closing_over_the_batch():
+    # No operands: the branches read the batched x from their closure.
+    xs = torch.tensor([[1.0, 2.0], [-1.0, -3.0], [0.5, -0.2]])
+    out = torch.vmap(lambda x: cond(x.sum() > 0, lambda: x + 1, lambda: x - 1, ()))(xs)
+    torch.testing.assert_close(out, torch.stack([x + 1 if x.sum() > 0 else x - 1 for x in xs]))
+    out = torch.vmap(lambda x: switch((x.sum() > 0).long(), [lambda: x * 2, lambda: x.sin()], ()))(xs)
+    torch.testing.assert_close(out, torch.stack([x.sin() if x.sum() > 0 else x * 2 for x in xs]))
+
+
+def test_per_example_gradients_with_branches_closing_over_the_weights():
+    # vmap of grad with respect to W, which the branches read from their closure.
+    xs = torch.tensor([[1.0, 2.0], [-1.0, -3.0], [0.5, -0.2]], dtype=torch.float64)
+    W = torch.randn(2, 2, dtype=torch.float64)
+
+    def loss(x, W):
+        return cond(x.sum() > 0, lambda x: (x @ W).sin().sum(), lambda x: (x @ W).cos().sum(), (x,))
+
+    def loss_if(x, W):
+        return (x @ W).sin().sum() if x.sum() > 0 else (x @ W).cos().sum()
+
+    got = torch.vmap(torch.func.grad(loss, argnums=1), in_dims=(0, None))(xs, W)
+    want = torch.stack([torch.func.grad(loss_if, argnums=1)(x, W) for x in xs])
+    torch.testing.assert_close(got, want)
+    got = torch.vmap(torch.func.grad(loss), in_dims=(0, None))(xs, W)
+    want = torch.stack([torch.func.grad(loss_if)(x, W) for x in xs])
+    torch.testing.assert_close(got, want)

@@ -202,7 +202,8 @@ def test_user_exception_reaches_the_user_unchanged():
 
 def test_per_example_predicate_needs_selectable_outputs():
     xs = torch.randn(4, 3)
-    with pytest.raises(BranchMismatchError, match=r"output\['h'\]: every branch runs .* agree on shape: true_fn gives \(4, 3\), false_fn gives \(4, 2\)"):
+    # Shapes as each example's branch returns them (under vmap, not the batch's).
+    with pytest.raises(BranchMismatchError, match=r"output\['h'\]: every branch runs .* agree on shape: true_fn gives \(3,\), false_fn gives \(2,\)"):
         torch.vmap(lambda x: cond(x.sum() > 0, lambda a: {"h": a}, lambda a: {"h": a[:2]}, (x,)))(xs)
     with pytest.raises(BranchMismatchError, match=r"output: every branch runs .* agree on dtype"):
         cond(xs.sum() > 0, lambda a: a, lambda a: a.double(), (xs,), strategy="select")

@@ -32,6 +32,19 @@ from .write_guard import refusing_outside_writes
 def vmap_rule(form: Form, interpreter, selector, branches, operands):
     """The functorch Vmap-key rule of both operators."""
     level = interpreter.level()
+    if isinstance(selector, torch.Tensor) and _compat.batched_at(selector, level):
+        # A branch per example: every branch runs on the whole batch and one select
+        # picks per example. The branches run at this vmap level, not below it, so
+        # that tensors a branch closes over are batched as its operands are; the
+        # select runs below it, on the batch's own tensors.
+        labels = form.labels(len(branches))
+        which, first, outputs = run_every_branch(form, selector, branches, operands, labels)
+        size = interpreter.batch_size()
+        which, first = (_batch_first(t, level, size) if t is not None else None for t in (which, first))
+        outputs = [[_batch_first(t, level, size) for t in outs] for outs in outputs]
+        with interpreter.lower():
+            out = select_outputs(which, first, outputs)
+        return tuple(_compat.batch(t, 0, level) for t in out)
     tensors, in_dims = _unbatch_all(operands, level)
     selector, selector_dim = _compat.unbatch(selector, level)
     with interpreter.lower():
@@ -94,9 +107,18 @@ def run_all_and_select(form: Form, selector: torch.Tensor, branches, operands, l
     """Run every branch on ``operands``, then pick each output element on the device.
 
     ``selector``'s shape is a prefix of every operand's and output's shape (0-d: one
-    choice for everything). No value is read on the host. A branch may not write to
-    anything it did not create (it runs even when not taken); outputs are checked to
-    be selectable, with errors naming output paths.
+    choice for everything). No value is read on the host.
+    """
+    return select_outputs(*run_every_branch(form, selector, branches, operands, labels))
+
+
+def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]):
+    """Every branch's outputs, and what picks between them: ``(which, first, outputs)``.
+
+    ``first`` holds where branch 0 is taken; ``which`` is the branch index, or None
+    for cond (``first`` is then the predicate). A branch may not write to anything it
+    did not create (it runs even when not taken); outputs are checked to be
+    selectable, with errors naming output paths.
     """
     n = len(branches)
     if n == 2 and selector.dtype is torch.bool:  # cond: the predicate is the mask
@@ -112,12 +134,23 @@ def run_all_and_select(form: Form, selector: torch.Tensor, branches, operands, l
         if guarded:
             mask = first if k == 0 else (~first if which is None else which == k)
             inputs = _masked(mask, operands, guarded)
-        with refusing_outside_writes(labels[k], operands, names):
+        with refusing_outside_writes(labels[k], inputs, names):
             outputs.append(tuple(branch(*inputs)))
     _check_selectable(branches, labels, outputs)
-    if which is None or n == 2:
+    return which, first, outputs
+
+
+def select_outputs(which, first, outputs) -> tuple:
+    """One fused select over every output (see ``run_every_branch``)."""
+    if which is None or len(outputs) == 2:
         return tuple(select.select(first, outputs[0], outputs[1]))
     return tuple(select.select_n(which, outputs))
+
+
+def _batch_first(t: torch.Tensor, level: int, size: int) -> torch.Tensor:
+    """The batch's own tensor for ``t`` at vmap ``level``, batch dimension first."""
+    physical, dim = _compat.unbatch(t, level)
+    return physical.movedim(dim, 0) if dim is not None else _broadcast_batch(physical, size)
 
 
 def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, if_body) -> tuple:
@@ -182,7 +215,7 @@ def _needs_grad(t: torch.Tensor) -> bool:
     if torch.is_grad_enabled() and t.requires_grad:
         return True
     # dynamo sees no functorch wrappers (and cannot trace the query)
-    return not _compat.is_dynamo_compiling() and _compat.is_functorch_wrapped(t)
+    return not _compat.is_dynamo_compiling() and _compat.is_differentiated_by_transform(t)
 
 
 def _broadcast_batch(value, batch_size: int):

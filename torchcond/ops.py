@@ -20,7 +20,7 @@ from ._compat import dynamo as _compat_dynamo
 from ._compat import export as _compat_export
 from ._compat import inductor as _compat_inductor
 from .autograd import autograd_rule, functorch_rule
-from .batching import vmap_rule
+from .batching import run_all_and_select, vmap_rule
 from .errors import CondArgumentError
 from .forms import Form, clamp_index, cond_branch_of, host_index, is_concrete, pack, switch_branch_of, unpack
 from .merge import merge_branch_outputs
@@ -174,6 +174,11 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     if is_concrete(selector):
         return form.taken_branch(selector, branches)(*operands)
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
+        if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
+            # A selector per example of an outer vmap (per-example gradients): every
+            # branch runs and a select picks, here, so the transform differentiates
+            # plain ops, tensors the branches close over included.
+            return run_all_and_select(form, selector, branches, operands, form.labels(len(branches)))
         return functorch_rule(form, selector, branches, operands)
     return vmap_rule(form, interpreter, selector, branches, operands)
 

@@ -132,6 +132,15 @@ def is_vmapped(t: torch.Tensor) -> bool:
     return False
 
 
+def is_differentiated_by_transform(t: torch.Tensor) -> bool:
+    """True when a grad or jvp level wraps ``t`` (a vmap level alone does not)."""
+    while _is_functorch_wrapped(t):
+        if not _is_batched(t):
+            return True
+        t = _functorch_unwrap(t)
+    return False
+
+
 def batched_at(t: torch.Tensor, level: int) -> bool:
     """True when ``t`` carries a vmap batch dimension for ``level``."""
     return _is_batched(t) and torch._C._functorch.maybe_get_level(t) == level
