@@ -402,3 +402,40 @@ def test_symbolic_trace_with_equal_dims_and_different_strides(shape):
         assert gm(sign * x).is_contiguous()
     for i in range(3):
         assert torch.equal(gm_switch(torch.tensor(i), x), g(torch.tensor(i), x))
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+def test_legacy_cpp_functionalization(mode):
+    # torch._to_functional_tensor, as older AOT code and PyTorch's own
+    # test_cond_functionalized_aot_func_check_functional use it: the branch graphs
+    # compute their outputs, with the in-place add functionalized away.
+    def true_fn(x):
+        y = x.cos()
+        y.add_(5)
+        return y * 3
+
+    def false_fn(x):
+        y = x.sin()
+        y.add_(5)
+        return y
+
+    def f(x):
+        return cond(x.sum() > 0, true_fn, false_fn, [x])
+
+    def functionalized(*args):
+        torch._enable_functionalization(reapply_views=False)
+        try:
+            out = f(*pytree.tree_map(torch._to_functional_tensor, args))
+            return pytree.tree_map(torch._from_functional_tensor, out)
+        finally:
+            torch._disable_functionalization()
+
+    x = torch.randn(4, 5)
+    gm = make_fx(functionalized, tracing_mode=mode)(x)
+    for sign in (1, -1):
+        torch.testing.assert_close(gm(sign * x), f(sign * x))
+    for branch in (gm.true_graph_0, gm.false_graph_0):
+        targets = {n.target for n in branch.graph.nodes if n.op == "call_function"}
+        assert torch.ops.aten.add_.Tensor not in targets
+        assert not [n for n in branch.graph.nodes if n.op == "get_attr"]  # no constant stands in for the output
+        assert len(branch.graph.find_nodes(op="placeholder")) == 1  # x, not x twice

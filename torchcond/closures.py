@@ -44,6 +44,11 @@ def lift(form: Form, branches, operands: tuple):
         return bound, operands + tuple(found)
     labels = form.labels(len(branches))
     mode = _compat.functional_mode()
+    if mode is None and any(_compat.is_cpp_functional(t) for t in operands):
+        # C++ functionalization (torch._to_functional_tensor, as older AOT code uses):
+        # the tracer knows only the tensors inside the wrappers, which the
+        # Functionalize rule unwraps before the proxy rule traces the branches.
+        return branches, operands
     if mode is None:
         with _compat.below_autograd():
             return trace_branches(tracer, branches, operands, labels)

@@ -350,6 +350,12 @@ class _LiftingTracker:
 _is_fake = getattr(_fake_tensor, "is_fake_tensor", None) or (lambda t: isinstance(t, FakeTensor))
 
 
+def is_cpp_functional(value) -> bool:
+    """A C++ FunctionalTensorWrapper (``torch._to_functional_tensor``); checked on
+    2.11-2.14."""
+    return isinstance(value, torch.Tensor) and torch._is_functional_tensor(value)
+
+
 def _is_real_tensor(value) -> bool:
     return (
         isinstance(value, torch.Tensor)
