@@ -327,3 +327,19 @@ def test_check_branches_catches_in_eager_what_export_would_refuse():
     torch.testing.assert_close(out, x * w)
     out.sum().backward()
     torch.testing.assert_close(w.grad, x)
+
+
+def test_under_dynamo_an_untraceable_branch_is_named_with_the_operator():
+    def data_dependent(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    calls = [
+        (lambda x: cond(x.sum() > 0, data_dependent, ident, (x,)), "torchcond_cond", "true_fn: "),
+        (lambda x: switch(x.sum().long(), [ident, data_dependent], (x,)), "torchcond_switch", r"branches\[1\]: "),
+    ]
+    for fn, op, branch in calls:
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.UncapturedHigherOrderOpError, match=f"(?s){branch}Data-dependent branching.*Higher Order Operator: {op}"):
+            torch.compile(fn, backend="eager", fullgraph=True)(x)

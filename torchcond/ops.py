@@ -231,6 +231,6 @@ def _install(form: Form) -> None:
 for _form in _FORMS.values():
     _install(_form)
 
-_compat_dynamo.install({form.op: form.taken for form in _FORMS.values()})
+_compat_dynamo.install({form.op: (form.taken, form.labels) for form in _FORMS.values()})
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
 _compat_inductor.install(cond_op, switch_op)

@@ -30,22 +30,23 @@ from .after_import import when_imported
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
 
 
-def install(taken_by_op: dict) -> None:
+def install(forms: dict) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
-    ``taken_by_op`` maps each operator to ``taken(constant_selector, n) -> branch index``,
-    used when dynamo sees a constant selector and inlines that branch.
+    ``forms`` maps each operator to ``(taken, labels)``: ``taken(constant_selector, n)
+    -> branch index``, used when dynamo sees a constant selector and inlines that
+    branch, and ``labels(n)``, the branches' names in messages.
     """
-    when_imported(_HOP_VARIABLES, lambda module: _register(module, taken_by_op))
+    when_imported(_HOP_VARIABLES, lambda module: _register(module, forms))
 
 
-def _register(hop, taken_by_op: dict) -> None:
+def _register(hop, forms: dict) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
-    for op, taken in taken_by_op.items():
-        registry[op.name()] = _conditional_variable_class(hop, op.name(), taken)
+    for op, (taken, labels) in forms.items():
+        registry[op.name()] = _conditional_variable_class(hop, op.name(), taken, labels)
 
 
-def _conditional_variable_class(hop, op_name: str, taken):
+def _conditional_variable_class(hop, op_name: str, taken, labels):
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
     Every branch is speculated into a subgraph; the subgraphs get the union of all
@@ -98,7 +99,8 @@ def _conditional_variable_class(hop, op_name: str, taken):
             if not isinstance(selector, (v.TensorVariable, v.SymNodeVariable)):
                 refuse("the selector must be a tensor or a SymBool/SymInt", selector)
 
-            speculated = [self._speculate(tx, j, b, operand_vts) for j, b in enumerate(branch_vts)]
+            names = labels(len(branch_vts))
+            speculated = [self._speculate(tx, name, b, operand_vts) for name, b in zip(names, branch_vts)]
             first_spec = speculated[0][1].treespec
             first_nones = speculated[0][1].masks_to_filter_const_values
             for _, spec, *_ in speculated[1:]:
@@ -116,24 +118,31 @@ def _conditional_variable_class(hop, op_name: str, taken):
                 tx, self.value, proxy_args, {}, None, speculated[0][1], speculated[0][0]
             )
 
-        def _speculate(self, tx, j, branch, operand_vts):
-            hop._check_supported_callable_arg(tx, branch, f"branches[{j}]")
-            (ret_val, ret_spec), graph, lifted = hop.speculate_subgraph(
-                tx,
-                branch,
-                operand_vts,
-                {},
-                self._HOP_NAME,
-                source_target=self.value,
-                should_flatten_outputs=True,
-                # None outputs leave the graph and come back when the output is
-                # rebuilt, as in eager mode; any other constant is refused below.
-                remove_consts_from_outputs=True,
-                # Writes to inputs are refused; an output that is (a view of) an
-                # input is fine: tracing.py copies it when the graph is traced again.
-                supports_input_mutation=False,
-                supports_aliasing=True,
-            )
+        def _speculate(self, tx, name, branch, operand_vts):
+            from torch._dynamo.exc import Unsupported
+
+            hop._check_supported_callable_arg(tx, branch, name)
+            try:
+                (ret_val, ret_spec), graph, lifted = hop.speculate_subgraph(
+                    tx,
+                    branch,
+                    operand_vts,
+                    {},
+                    self._HOP_NAME,
+                    source_target=self.value,
+                    should_flatten_outputs=True,
+                    # None outputs leave the graph and come back when the output is
+                    # rebuilt, as in eager mode; any other constant is refused below.
+                    remove_consts_from_outputs=True,
+                    # Writes to inputs are refused; an output that is (a view of) an
+                    # input is fine: tracing.py copies it when the graph is traced again.
+                    supports_input_mutation=False,
+                    supports_aliasing=True,
+                )
+            except Unsupported as error:  # name the branch dynamo could not trace
+                error.msg = f"{name}: {error.msg}"
+                error.args = (error.msg, *error.args[1:])
+                raise
             tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
             if not hop.only_consist_of(ret_val, (variables().TensorVariable, variables().ConstantVariable)) or any(
                 v is not None for v in ret_spec.const_values or ()
