@@ -60,10 +60,10 @@ def cond(
             may differ (they become unbacked sizes when traced).
         operands: a tuple or list of pytrees whose leaves are tensors.
         strategy: ``"auto"`` (default) or ``"select"``; see below.
-        check_branches: in eager mode, also run every branch on fake tensors (no
-            real data read or written) and raise what tracing or ``torch.export``
-            would raise about them, such as a :class:`BranchMismatchError` from a
-            branch this call does not take. Off by default: it costs a fake trace.
+        check_branches: in eager mode, first trace every branch as ``torch.export``
+            would (fake tensors, symbolic shapes: no real data read or written) and
+            raise what it would raise, such as a :class:`BranchMismatchError` from a
+            branch this call does not take. Off by default: it costs a trace per call.
 
     With ``strategy="auto"``, in eager mode only the taken branch runs, exactly as a
     Python ``if``; under tracing (``make_fx``, ``torch.export``, fake tensors) both
