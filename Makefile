@@ -6,6 +6,7 @@
 #   make test   CUDA kernel compile check, unit tests, docs build (warnings are errors),
 #               benchmark smoke runs
 #   make test-long  the hypothesis properties with 20x their examples (nightly)
+#   make wheel-check  sdist -> wheel -> install outside the repo -> import
 #   make matrix what CI runs: `test` on torch 2.13.0 and 2.14.1, `unit` and
 #               `bench-smoke` on 2.11.0
 #   make cuda-check  compile csrc/cuda/select_kernel.cuh with nvcc (skipped without nvcc)
@@ -21,7 +22,7 @@ DEPS_STAMP := $(VENV)/.torchcond-deps
 MATRIX_FULL ?= 2.13.0 2.14.1
 MATRIX_UNIT ?= 2.11.0
 
-.PHONY: install ext demo test unit test-long docs bench-smoke cuda-check matrix clean
+.PHONY: install ext demo test unit test-long docs bench-smoke cuda-check wheel-check matrix clean
 
 install: ext
 
@@ -81,6 +82,21 @@ cuda-check:
 			-Xptxas --warn-on-spills,--warn-on-local-memory-usage,--warning-as-error && \
 		rm -rf $$out && echo "cuda-check: ok"; \
 	fi
+
+# What a user of a release gets: an sdist, a wheel built from it (not from this
+# checkout) against this venv's torch, installed outside the repository and imported
+# from another directory. A minute or two: it compiles the extension again.
+DIST ?= $(or $(TMPDIR),/tmp)/torchcond-wheel-check
+wheel-check: install
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(PY) -m build --sdist --no-isolation -o $(DIST) .
+	$(PY) -m pip wheel -q --no-build-isolation --no-deps -w $(DIST) $(DIST)/torchcond-*.tar.gz
+	$(PY) -m pip install -q --no-deps --target $(DIST)/site $(DIST)/torchcond-*.whl
+	cd $(DIST) && PYTHONPATH=$(DIST)/site $(PY) -c 'import torch, torchcond, os; \
+		assert torchcond.__file__.startswith(os.getcwd()), torchcond.__file__; \
+		x = torch.tensor([1.0, -2.0]); \
+		assert torch.equal(torchcond.cond(x.sum() > 0, torch.neg, torch.abs, (x,), strategy="select"), x.abs()); \
+		print("wheel-check: torchcond", torchcond.__version__, "from", os.path.dirname(torchcond.__file__), "ok")'
 
 # CI's torch matrix. Each leg prints its time; `make test` above stays the default leg.
 matrix:

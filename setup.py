@@ -30,7 +30,7 @@ import sys
 
 import shutil
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -138,6 +138,10 @@ def _extension():
     cxx = ["-O3", *omp]
     # At run time libgomp.so.1 is the copy torch already loaded (same soname).
     link = list(omp)
+    # Python's own flags add -g: debug info makes _C about 30 times larger. Dropped at
+    # link time unless TORCHCOND_DEBUG=1.
+    if os.environ.get("TORCHCOND_DEBUG", "0") != "1" and sys.platform.startswith("linux"):
+        link.append("-Wl,--strip-debug")
     if not WITH_CUDA:
         return CppExtension(
             "torchcond._C",
@@ -202,17 +206,16 @@ def _read_json(path: str):
         return None
 
 
+def _torch_requirement() -> str:
+    """The binary is tied to the torch release it compiled against (the C++ ABI and
+    the private APIs it was checked on), so the wheel asks for that release."""
+    return f"torch=={torch.__version__.split('+')[0]}"
+
+
+# Project metadata is in pyproject.toml; what depends on the torch found at build
+# time (the extension, the torch pin) is here.
 setup(
-    name="torchcond",
-    version="0.1.0",
-    description="Structured conditionals (cond, switch) for PyTorch as higher-order operators",
-    packages=find_packages(include=["torchcond", "torchcond.*"]),
-    python_requires=">=3.11",
-    install_requires=["torch>=2.11"],
-    extras_require={
-        "test": ["pytest", "expecttest", "hypothesis", "numpy"],
-        "docs": ["sphinx"],
-    },
+    install_requires=[_torch_requirement()],
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExt},
     zip_safe=False,

@@ -15,6 +15,7 @@ from .errors import (
 from .fused_select import select, select_n
 from .ops import cond_op, switch_op
 from . import passes  # noqa: E402  (torchcond.passes.lower_to_select)
+from ._version import __version__
 
 __all__ = [
     "BranchMismatchError",
@@ -30,4 +31,3 @@ __all__ = [
     "switch",
     "switch_op",
 ]
-__version__ = "0.1.0"

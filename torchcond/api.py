@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Literal, TypeVar
 
 import torch
 
@@ -20,6 +20,10 @@ from .forms import clamp_index, host_index, is_concrete, switch_branch_of
 from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .ops import cond_op, form_of, switch_op
 from .tracing import FlatBranch, raise_if_arity_error, recorded_spec
+
+# A branch's return type is the conditional's: the branches must agree on it.
+_Out = TypeVar("_Out")
+Strategy = Literal["auto", "select"]
 
 _Tensor = torch.Tensor
 # The fast path's test for "maybe tracing": dynamo (first: dynamo folds it and never
@@ -40,13 +44,13 @@ _sym_min, _sym_max = torch.sym_min, torch.sym_max
 
 def cond(
     pred: bool | torch.SymBool | torch.Tensor,
-    true_fn: Callable[..., Any],
-    false_fn: Callable[..., Any],
+    true_fn: Callable[..., _Out],
+    false_fn: Callable[..., _Out],
     operands: tuple | list = (),
     *,
-    strategy: str = "auto",
+    strategy: Strategy = "auto",
     check_branches: bool = False,
-) -> Any:
+) -> _Out:
     """Return ``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``.
 
     Args:
@@ -103,12 +107,12 @@ def cond(
 
 def switch(
     index: int | torch.SymInt | torch.Tensor,
-    branches: Sequence[Callable[..., Any]],
+    branches: Sequence[Callable[..., _Out]],
     operands: tuple | list = (),
     *,
-    strategy: str = "auto",
+    strategy: Strategy = "auto",
     check_branches: bool = False,
-) -> Any:
+) -> _Out:
     """Return ``branches[clamp(index, 0, len(branches) - 1)](*operands)``.
 
     Like ``jax.lax.switch``, an out-of-range index is clamped, in every mode: a
