@@ -86,7 +86,7 @@ class _OutsideWriteGuard(_compat.TorchDispatchMode):
 
 
 def _storage_id(t: torch.Tensor) -> int:
-    # The address of the storage: storages from outside the branch stay alive while
-    # it runs, so an address the branch created can never be one of theirs. Under
-    # vmap the mode sees batched wrappers; the storage is the batch's.
-    return _compat.functorch_base(t).untyped_storage()._cdata
+    # The storage's address: storages from outside the branch stay alive while it
+    # runs, so an address the branch created can never be one of theirs. Under vmap
+    # the mode sees batched wrappers; the storage is the batch's.
+    return _compat.storage_address(_compat.functorch_base(t))
