@@ -3,8 +3,8 @@
 # place against that torch (object files per torch under build/, so switching back
 # and forth only relinks).
 #   make demo   run demo.py (eager, export with a dynamic batch, print, save/load)
-#   make test   CUDA kernel compile check, unit tests, docs build (warnings are errors),
-#               benchmark smoke runs
+#   make test   CUDA kernel compile check, unit tests, the public API's types (mypy),
+#               docs build (warnings are errors), benchmark smoke runs
 #   make test-long  the hypothesis properties with 20x their examples (nightly)
 #   make wheel-check  sdist -> wheel -> install outside the repo -> import
 #   make matrix what CI runs: `test` on torch 2.13.0 and 2.14.1, `unit` and
@@ -22,7 +22,7 @@ DEPS_STAMP := $(VENV)/.torchcond-deps
 MATRIX_FULL ?= 2.13.0 2.14.1
 MATRIX_UNIT ?= 2.11.0
 
-.PHONY: install ext demo test unit test-long docs bench-smoke cuda-check wheel-check matrix clean
+.PHONY: install ext demo test unit test-long typecheck docs bench-smoke cuda-check wheel-check matrix clean
 
 install: ext
 
@@ -43,7 +43,7 @@ ext: $(DEPS_STAMP)
 demo: install
 	$(PY) demo.py
 
-test: cuda-check unit docs bench-smoke
+test: cuda-check unit typecheck docs bench-smoke
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -54,6 +54,11 @@ unit: install
 EXAMPLES_SCALE ?= 20
 test-long: install
 	TORCHCOND_EXAMPLES_SCALE=$(EXAMPLES_SCALE) $(PY) -m pytest -q -p no:cacheprovider test/test_properties.py test/test_autograd_properties.py
+
+# The public API as mypy sees it: inferred return types, Literal strategies, and the
+# mistakes it must flag (test/typing/public_api.py; an unused ignore is an error).
+typecheck: install
+	$(PY) -m mypy --follow-imports=silent --warn-unused-ignores --cache-dir build/mypy-$(TORCH) test/typing/public_api.py
 
 docs: install
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
