@@ -72,8 +72,8 @@ def select(pred: torch.Tensor, true_values: Sequence[torch.Tensor], false_values
     ``pred``: a bool tensor, 0-d or shaped like a prefix of every value's shape.
     Returns fresh contiguous tensors. Each element reads only the value it selects.
     """
-    true_values = _tensor_list(true_values, "select", "true_values")
-    false_values = _tensor_list(false_values, "select", "false_values")
+    true_values = _as_list(true_values, "select", "true_values", _TENSORS, _ONE_OUTPUT)
+    false_values = _as_list(false_values, "select", "false_values", _TENSORS, _ONE_OUTPUT)
     if _HAVE_KERNELS and not _compat.tracing():
         try:
             return _select_eager(pred, true_values, false_values)
@@ -91,12 +91,8 @@ def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> li
 
     ``index``: an integer tensor, 0-d or shaped like a prefix of every value's shape.
     """
-    if isinstance(cases, torch.Tensor) or not isinstance(cases, Sequence):
-        found = f"a tensor of shape {tuple(cases.shape)}" if isinstance(cases, torch.Tensor) else type(cases).__name__
-        raise CondArgumentError(
-            f"select_n: argument 'cases' must be a list with one list of tensors per branch; found {found}"
-        )
-    cases = [_tensor_list(c, "select_n", f"cases[{k}]") for k, c in enumerate(cases)]
+    cases = _as_list(cases, "select_n", "cases", "a list with one list of tensors per branch")
+    cases = [_as_list(c, "select_n", f"cases[{k}]", _TENSORS, _ONE_OUTPUT) for k, c in enumerate(cases)]
     if _HAVE_KERNELS and cases and not _compat.tracing():
         flat = [v for c in cases for v in c]
         if all(len(c) == len(cases[0]) for c in cases):
@@ -134,20 +130,20 @@ def _select_n_eager(index, flat, num_branches):
 # --- argument checks -------------------------------------------------------------------
 
 
-def _tensor_list(values, fn: str, label: str) -> list:
-    """A sequence of values as a list. A lone tensor is refused: iterating it would
+_TENSORS = "a list or tuple of tensors (one per output)"
+_ONE_OUTPUT = ". Pass [tensor] for one output"
+
+
+def _as_list(values, fn: str, label: str, expected: str, lone_tensor_hint: str = "") -> list:
+    """A sequence argument as a list. A lone tensor is refused: iterating it would
     select between its rows."""
     if isinstance(values, torch.Tensor):
-        raise CondArgumentError(
-            f"{fn}: argument '{label}' must be a list or tuple of tensors (one per output); "
-            f"found a tensor of shape {tuple(values.shape)}. Pass [tensor] for one output"
-        )
-    if not isinstance(values, Sequence) or isinstance(values, str):
-        raise CondArgumentError(
-            f"{fn}: argument '{label}' must be a list or tuple of tensors (one per output); "
-            f"found {type(values).__name__}"
-        )
-    return list(values)
+        found = f"a tensor of shape {tuple(values.shape)}{lone_tensor_hint}"
+    elif not isinstance(values, Sequence) or isinstance(values, str):
+        found = type(values).__name__
+    else:
+        return list(values)
+    raise CondArgumentError(f"{fn}: argument '{label}' must be {expected}; found {found}")
 
 
 def _check_select(pred, true_values, false_values) -> None:

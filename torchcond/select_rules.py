@@ -259,8 +259,8 @@ def _select_n_grads(index, grads, nb, need, select_n_fn):
 def _select_backward(ctx, grads):
     (pred,) = ctx.saved_tensors
     _, need_true, need_false = ctx.needs_input_grad
-    # Through the public entry, not the op: forward-over-reverse gives the cotangents
-    # tangents, and only the autograd.Function has a jvp.
+    # Through _select_differentiable, not the op: forward-over-reverse gives the
+    # cotangents tangents, and only its autograd.Function has a jvp.
     grad_true, grad_false = _select_grads(pred, grads, need_true, need_false, _select_differentiable)
     return None, grad_true, grad_false
 

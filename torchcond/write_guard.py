@@ -85,8 +85,6 @@ class _OutsideWriteGuard(_compat.TorchDispatchMode):
         )
 
 
-def _storage_id(t: torch.Tensor) -> int:
-    # The storage's address: storages from outside the branch stay alive while it
-    # runs, so an address the branch created can never be one of theirs. Under vmap
-    # the mode sees batched wrappers; the storage is the batch's.
-    return _compat.storage_address(_compat.functorch_base(t))
+def _storage_id(t: torch.Tensor):
+    # Under vmap the mode sees batched wrappers; the storage is the batch's.
+    return _compat.storage_key(_compat.functorch_base(t))

@@ -265,11 +265,6 @@ def schema_of(op: OpOverload) -> torch.FunctionSchema:
     return op._schema
 
 
-def storage_address(t: torch.Tensor) -> int:
-    """The address of ``t``'s StorageImpl (``_cdata``: checked on 2.11-2.15)."""
-    return t.untyped_storage()._cdata
-
-
 def storage_key(t: torch.Tensor) -> StorageWeakRef:
     """Identity of ``t``'s storage (real or fake): equal for views of one tensor."""
     return StorageWeakRef(t.untyped_storage())
@@ -365,7 +360,7 @@ def _is_real_tensor(value) -> bool:
     return (
         isinstance(value, torch.Tensor)
         and not _is_fake(value)
-        and not torch._is_functional_tensor(value)
+        and not is_cpp_functional(value)
         and value.device.type != "meta"
     )
 
