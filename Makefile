@@ -3,7 +3,7 @@
 # place against that torch (object files per torch under build/, so switching back
 # and forth only relinks).
 #   make demo   run demo.py (eager, export with a dynamic batch, print, save/load)
-#   make test   CUDA kernel compile check, unit tests, the public API's types (mypy),
+#   make test   lint (ruff), CUDA kernel compile check, unit tests, the public API's types (mypy),
 #               docs build (warnings are errors), benchmark smoke runs
 #   make test-long  the hypothesis properties with 20x their examples (nightly)
 #   make wheel-check  sdist -> wheel -> install outside the repo -> import
@@ -22,7 +22,7 @@ DEPS_STAMP := $(VENV)/.torchcond-deps
 MATRIX_FULL ?= 2.13.0 2.14.1
 MATRIX_UNIT ?= 2.11.0
 
-.PHONY: install ext demo test unit test-long typecheck docs bench-smoke cuda-check wheel-check matrix clean
+.PHONY: install ext demo test lint format unit test-long typecheck docs bench-smoke cuda-check wheel-check matrix clean
 
 install: ext
 
@@ -43,10 +43,20 @@ ext: $(DEPS_STAMP)
 demo: install
 	$(PY) demo.py
 
-test: cuda-check unit typecheck docs bench-smoke
+test: lint cuda-check unit typecheck docs bench-smoke
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# ruff's linter and formatter, configured in pyproject.toml: `make format` applies
+# what `lint` asks for.
+lint: $(DEPS_STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(DEPS_STAMP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 # Nightly-style: the hypothesis properties with EXAMPLES_SCALE times their examples
 # (cond/switch against a Python `if` over pytrees, dtypes, layouts with equal dims,

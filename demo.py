@@ -58,7 +58,9 @@ def main():
             got, want = loaded(xi, mi), model(xi, mi)
             branch = "linear+relu" if n <= 8 else "scale"
             same = torch.allclose(got, want)
-            print(f"   batch={n:4d} mode={m}: cond took {branch:11s} switch took {min(m, 2)}  matches eager: {same}")
+            print(
+                f"   batch={n:4d} mode={m}: cond took {branch:11s} switch took {min(m, 2)}  matches eager: {same}"
+            )
             assert same
 
 

@@ -26,9 +26,8 @@ Install with: pip install --no-build-isolation -e .
 import glob
 import json
 import os
-import sys
-
 import shutil
+import sys
 
 from setuptools import setup
 
@@ -194,7 +193,9 @@ class BuildExt(BuildExtension):
 
     def _build_info_path(self, ext) -> str:
         """In the build folder (build_lib), beside the library as first linked."""
-        library = os.path.join(self.build_lib, self.get_ext_filename(self.get_ext_fullname(ext.name)))
+        library = os.path.join(
+            self.build_lib, self.get_ext_filename(self.get_ext_fullname(ext.name))
+        )
         return os.path.join(os.path.dirname(library), "_build_info.json")
 
 

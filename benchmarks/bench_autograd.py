@@ -67,13 +67,11 @@ import sys
 import tempfile
 import time
 
+import timing  # benchmarks/timing.py: the shared timing method
 import torch
 from torch import nn
 
 import torchcond
-
-import timing  # benchmarks/timing.py: the shared timing method
-
 
 TIME_TARGET = 1.3  # torchcond forward+backward at most 1.3x the Python `if`
 MEM_TARGET = 1.1  # peak memory of a training step at most 1.1x the Python `if`
@@ -238,7 +236,9 @@ def time_part(args) -> tuple[list, list[str]]:
     elapsed = time.perf_counter() - t_start
     if run_torch_cond:
         recompiles = timing.dynamo_frames_compiled() - compiled_before
-        notes.append(f"dynamo graphs compiled during the timed rounds: {recompiles} (0 = no recompiles)")
+        notes.append(
+            f"dynamo graphs compiled during the timed rounds: {recompiles} (0 = no recompiles)"
+        )
     notes.append(
         f"time: rounds={rounds} (interleaved, min per candidate), ~{target_s * 1e3:.0f} ms per "
         f"measurement for fast candidates; timed rounds took {elapsed:.1f} s"
@@ -280,7 +280,9 @@ def peak_bytes(fn) -> tuple[int, int]:
 
     gc.collect()
     with _quiet_kineto():
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False
+        ) as prof:
             out = fn()
             del out  # frees of the step's outputs fall inside the window, after the peak
     events = sorted(
@@ -304,7 +306,9 @@ def _check_peak_method() -> int:
         del b, c
 
     peak, net = peak_bytes(known)
-    assert (peak, net) == (12000, 0), f"peak-memory method broken: got {(peak, net)}, expected (12000, 0)"
+    assert (peak, net) == (12000, 0), (
+        f"peak-memory method broken: got {(peak, net)}, expected (12000, 0)"
+    )
     return peak
 
 
@@ -381,11 +385,18 @@ def memory_part(args):
     def module_case(name, variant):
         net = nets[name]
         title = "module step (backward + in-place SGD)"
-        return (title, variant, lambda: net.zero_grad(set_to_none=True), lambda: module_step(net, x))
+        return (
+            title,
+            variant,
+            lambda: net.zero_grad(set_to_none=True),
+            lambda: module_step(net, x),
+        )
 
     # functional step, eager and traced; parameters passed in, new ones returned
     def fresh_params(net, requires_grad):
-        return {k: v.detach().clone().requires_grad_(requires_grad) for k, v in net.named_parameters()}
+        return {
+            k: v.detach().clone().requires_grad_(requires_grad) for k, v in net.named_parameters()
+        }
 
     fsteps = {name: make_functional_step(net) for name, net in nets.items()}
     params_rg = fresh_params(nets["python-if"], True)
@@ -417,12 +428,16 @@ def memory_part(args):
             gm = make_fx(fsteps[name], tracing_mode=mode)(fresh_params(nets[name], True), x)
             trace_s = time.perf_counter() - t0
             n_cond = sum(
-                1 for n in gm.graph.nodes if n.op == "call_function" and "torchcond" in str(n.target)
+                1
+                for n in gm.graph.nodes
+                if n.op == "call_function" and "torchcond" in str(n.target)
             )
             with torch.no_grad():
                 loss, new = gm(params_plain, x)
             assert torch.allclose(loss, ref_loss), "traced loss differs"
-            assert all(torch.allclose(new[k], ref_new[k].detach()) for k in ref_new), "traced update differs"
+            assert all(torch.allclose(new[k], ref_new[k].detach()) for k in ref_new), (
+                "traced update differs"
+            )
             notes.append(
                 f"traced '{label}': traced in {trace_s * 1e3:.0f} ms, {n_cond} torchcond node(s) in the "
                 "top-level graph, run under no_grad on real tensors; loss and update match eager"
@@ -444,7 +459,7 @@ def memory_part(args):
     results: dict[int, list] = {k: [] for k in range(len(cases))}
     for r in range(repeats):
         order = list(range(len(cases)))
-        order = order[r % len(order):] + order[: r % len(order)]
+        order = order[r % len(order) :] + order[: r % len(order)]
         for k in order:
             cases[k][2]()
             results[k].append(peak_bytes(cases[k][3]))
@@ -465,12 +480,17 @@ def memory_part(args):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few iterations (CI smoke run)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 7, quick 3)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved timing rounds (default 7, quick 3)"
+    )
     ap.add_argument("--no-torch-cond", action="store_true", help="skip torch.cond")
     ap.add_argument("--no-memory", action="store_true", help="skip part 2 (peak memory)")
     args = ap.parse_args(argv)
 
-    print("bench_autograd: torchcond forward+backward time and training-step peak memory (ratios vs a baseline in this process)")
+    print(
+        "bench_autograd: torchcond forward+backward time and training-step peak memory"
+        " (ratios vs a baseline in this process)"
+    )
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, "
         f"torchcond {torchcond.__version__}, {platform.machine()}, "
@@ -501,7 +521,9 @@ def main(argv=None) -> int:
     print()
     for title, bstmt, bt, name, cstmt, ct, _ in rows:
         if name.startswith("torchcond"):
-            print(f"overhead  {title}: {cstmt} costs {(ct - bt) * 1e9:+.0f} ns per call over {bstmt}")
+            print(
+                f"overhead  {title}: {cstmt} costs {(ct - bt) * 1e9:+.0f} ns per call over {bstmt}"
+            )
     worst = max(r[5] / r[2] for r in rows if r[3].startswith("torchcond"))
     verdict = "meets" if worst <= TIME_TARGET else "MISSES"
     print(
@@ -510,7 +532,9 @@ def main(argv=None) -> int:
     )
     for note in notes:
         print(f"note      {note}")
-    print("note      reference: torch.cond/python-if forward+backward measured ~670x on torch 2.13 earlier")
+    print(
+        "note      reference: torch.cond/python-if forward+backward measured ~670x on torch 2.13 earlier"
+    )
 
     if not args.no_memory:
         mrows, mnotes = memory_part(args)

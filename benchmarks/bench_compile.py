@@ -42,9 +42,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import timing  # noqa: E402
+import timing
 
-import torchcond  # noqa: E402
+import torchcond
 
 TARGET = 1.05
 SIZES = {"small": (4, 16), "large": (256, 512)}
@@ -62,7 +62,9 @@ class _Model(torch.nn.Module):
         self.lin_in = torch.nn.Linear(width, width)
         self.lin_out = torch.nn.Linear(width, width)
         mlps = [
-            torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width)),
+            torch.nn.Sequential(
+                torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width)
+            ),
             torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()),
             torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.SiLU()),
         ]
@@ -165,15 +167,19 @@ def check_agreement():
         fo, ft = compiled(ours), compiled(theirs)
         with torch.no_grad():
             for sign in (1, -1):
-                for index in ([None] if n_branches == 2 else [torch.tensor(k) for k in range(3)]):
+                for index in [None] if n_branches == 2 else [torch.tensor(k) for k in range(3)]:
                     got = fo(sign * x, index)
                     torch.testing.assert_close(got, ft(sign * x, index))
                     torch.testing.assert_close(got, ours(sign * x, index))
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smoke run: small size, 2 short rounds")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: small size, 2 short rounds"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", help="also write the results to this file")
     args = parser.parse_args()

@@ -21,17 +21,18 @@ import argparse
 import platform
 import sys
 
+import timing  # benchmarks/timing.py
 import torch
 
 import torchcond
-
-import timing  # benchmarks/timing.py
 
 SELECT_VS_TORCH_COND_TARGET = 20.0
 
 
 def _step_select(x, p):
-    return torchcond.cond(p, lambda a: a * 1.01 + 0.1, lambda a: a * 0.99 - 0.1, (x,), strategy="select")
+    return torchcond.cond(
+        p, lambda a: a * 1.01 + 0.1, lambda a: a * 0.99 - 0.1, (x,), strategy="select"
+    )
 
 
 def _step_torch_cond(x, p):
@@ -52,7 +53,11 @@ def bench_loop(lines, quick: bool):
     n = 20 if quick else 100
     x = torch.randn(64, device="cuda")
     results = {}
-    for name, step in (("python if (host read)", _step_if), ("torch.cond", _step_torch_cond), ("torchcond select", _step_select)):
+    for name, step in (
+        ("python if (host read)", _step_if),
+        ("torch.cond", _step_torch_cond),
+        ("torchcond select", _step_select),
+    ):
         for _ in range(2):
             _loop(step, x, n)  # warm-up (torch.cond compiles on first use)
         torch.cuda.synchronize()

@@ -42,11 +42,10 @@ import platform
 import sys
 import time
 
+import timing  # benchmarks/timing.py: the shared timing method
 import torch
 
 import torchcond
-
-import timing  # benchmarks/timing.py: the shared timing method
 
 COND_TARGET = 1.5  # the target: cond at most 1.5x a Python `if`
 
@@ -100,7 +99,9 @@ def torch_cond(x):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few iterations (CI smoke run)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 3)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 3)"
+    )
     ap.add_argument("--no-torch-cond", action="store_true", help="skip torch.cond")
     args = ap.parse_args(argv)
 
@@ -230,15 +231,22 @@ def main(argv=None) -> int:
             f"{cstmt:<{w_c}}  {ct * 1e6:9.3f}  {ct / bt:7.2f}x  {target}"
         )
     print()
-    for title, bstmt, bt, name, cstmt, ct, target in rows:
+    for title, bstmt, bt, name, cstmt, ct, _target in rows:
         if name.startswith("torchcond"):
-            print(f"overhead  {title}: {cstmt} costs {(ct - bt) * 1e9:+.0f} ns per call over {bstmt}")
+            print(
+                f"overhead  {title}: {cstmt} costs {(ct - bt) * 1e9:+.0f} ns per call over {bstmt}"
+            )
     worst = max(r[5] / r[2] for r in rows if r[3] == "torchcond.cond")
     verdict = "meets" if worst <= COND_TARGET else "MISSES"
-    print(f"target    torchcond.cond <= {COND_TARGET}x Python if: worst ratio {worst:.2f}x ({verdict} target; informational, exit code is 0)")
+    print(
+        f"target    torchcond.cond <= {COND_TARGET}x Python if: worst ratio {worst:.2f}x"
+        f" ({verdict} target; informational, exit code is 0)"
+    )
     print(f"note      {dynamo_note}")
     if run_torch_cond:
-        print(f"note      dynamo frames compiled during the timed rounds: {recompiles} (0 = no recompiles)")
+        print(
+            f"note      dynamo frames compiled during the timed rounds: {recompiles} (0 = no recompiles)"
+        )
         print("note      reference: torch.cond/python-if measured ~195x on torch 2.13 earlier")
     print(f"note      timed rounds took {elapsed:.1f} s")
     return 0

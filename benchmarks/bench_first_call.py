@@ -115,14 +115,18 @@ def run_child(mode: str, pycache: str) -> dict:
         raise RuntimeError(f"child {mode!r} failed (rc {proc.returncode}):\n{proc.stderr}")
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise RuntimeError(f"child {mode!r} printed no result:\n{proc.stdout}\n{proc.stderr}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 process per mode, fewer warm-ups (CI smoke run)")
-    ap.add_argument("--procs", type=int, default=None, help="processes per mode (default 5, quick 1)")
+    ap.add_argument(
+        "--quick", action="store_true", help="1 process per mode, fewer warm-ups (CI smoke run)"
+    )
+    ap.add_argument(
+        "--procs", type=int, default=None, help="processes per mode (default 5, quick 1)"
+    )
     args = ap.parse_args(argv)
     procs = args.procs or (1 if args.quick else 5)
     # full: one discarded process per mode first (file cache). quick: only the one
@@ -132,7 +136,9 @@ def main(argv=None) -> int:
 
     import torch  # only for the version line; children import their own
 
-    print("bench_first_call: first conditional call in a fresh process (medians, ratios vs python-if)")
+    print(
+        "bench_first_call: first conditional call in a fresh process (medians, ratios vs python-if)"
+    )
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, {platform.machine()}, "
         f"os.cpu_count()={os.cpu_count()}, "
@@ -149,7 +155,7 @@ def main(argv=None) -> int:
         for mode in warm_modes:
             run_child(mode, pycache)
         for r in range(procs):
-            order = MODES[r % len(MODES):] + MODES[: r % len(MODES)]
+            order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
             for mode in order:
                 results[mode].append(run_child(mode, pycache))
     elapsed = time.perf_counter() - t_start

@@ -42,12 +42,11 @@ import sys
 import time
 import timeit
 
+import timing  # benchmarks/timing.py: the shared timing method
 import torch
 
 import torchcond
 from torchcond import select, select_n
-
-import timing  # benchmarks/timing.py: the shared timing method
 
 BATCHED_TARGET = 1.3  # fused select at least 1.3x faster than 16 torch.where calls
 
@@ -55,7 +54,9 @@ BATCHED_TARGET = 1.3  # fused select at least 1.3x faster than 16 torch.where ca
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few iterations (CI smoke run)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 3)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 3)"
+    )
     args = ap.parse_args(argv)
 
     quick = args.quick
@@ -141,13 +142,17 @@ def main(argv=None) -> int:
 
     # sanity: every candidate computes what its baseline computes
     for _, base, cands, _, _ in cases:
-        expected = eval(base, ns)  # noqa: S307  (our own statements)
+        expected = eval(base, ns)
         expected = expected if isinstance(expected, list) else [expected]
         for stmt in cands.values():
-            got = eval(stmt, ns)  # noqa: S307
-            assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected)), stmt
+            got = eval(stmt, ns)
+            assert len(got) == len(expected) and all(
+                torch.equal(a, b) for a, b in zip(got, expected)
+            ), stmt
 
-    print("bench_select: fused select vs one torch.where per output (speedups vs a baseline in this process)")
+    print(
+        "bench_select: fused select vs one torch.where per output (speedups vs a baseline in this process)"
+    )
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, torchcond {torchcond.__version__}, "
         f"{platform.machine()} ({timing.cpu_name()}), os.cpu_count()={os.cpu_count()}, "
@@ -181,7 +186,9 @@ def main(argv=None) -> int:
     for title, bt, name, ct, nbytes, target in rows_out:
         gbs = f"{nbytes / ct / 1e9:9.1f}" if nbytes else f"{'-':>9}"
         tgt = f">= {target}x" if target else "-"
-        print(f"{title:<{w_case}}  {bt * 1e3:9.3f}  {name:<{w_name}}  {ct * 1e3:9.3f}  {bt / ct:7.2f}x  {gbs}  {tgt}")
+        print(
+            f"{title:<{w_case}}  {bt * 1e3:9.3f}  {name:<{w_name}}  {ct * 1e3:9.3f}  {bt / ct:7.2f}x  {gbs}  {tgt}"
+        )
     print()
     main_row = rows_out[0]
     speedup = main_row[1] / main_row[3]

@@ -28,12 +28,11 @@ import argparse
 import platform
 import sys
 
+import timing  # benchmarks/timing.py
 import torch
 
 import torchcond  # noqa: F401  (loads the extension)
 from torchcond import select, select_n
-
-import timing  # benchmarks/timing.py
 
 BANDWIDTH_TARGET = 0.85  # select bandwidth / device-to-device copy bandwidth
 LARGE_TARGET = 1.4  # select vs torch.where, large tensors
@@ -61,7 +60,11 @@ def bench_bandwidth(lines, quick: bool):
     dst = torch.empty_like(src)
     pred0 = ts[0].sum() > 0  # device scalar
     rows_pred = torch.rand(rows, device="cuda") > 0.5
-    _check(select(rows_pred, ts, fs), [torch.where(rows_pred[:, None], t, f) for t, f in zip(ts, fs)], "batched")
+    _check(
+        select(rows_pred, ts, fs),
+        [torch.where(rows_pred[:, None], t, f) for t, f in zip(ts, fs)],
+        "batched",
+    )
     calls, repeats = (3, 3) if quick else (10, 7)
     copy_fn = lambda: dst.copy_(src)  # noqa: E731
     sel0 = lambda: select(pred0, ts, fs)  # noqa: E731
@@ -72,9 +75,16 @@ def bench_bandwidth(lines, quick: bool):
     t_selb = timing.cuda_ms(selb, calls, repeats)
     moved = 2 * out_bytes  # read + write
     bw = lambda ms: moved / (ms * 1e-3) / 1e9  # noqa: E731
-    lines.append(f"1. bandwidth: {n_out} outputs of {rows}x{cols} float32 ({out_bytes / 2**30:.2f} GiB written, as much read)")
-    lines.append(f"   device-to-device copy of the same bytes  {t_copy:8.3f} ms  {bw(t_copy):7.0f} GB/s (reference)")
-    for name, ms in (("select, 0-d device predicate", t_sel0), ("select, batched predicate (rows)", t_selb)):
+    lines.append(
+        f"1. bandwidth: {n_out} outputs of {rows}x{cols} float32 ({out_bytes / 2**30:.2f} GiB written, as much read)"
+    )
+    lines.append(
+        f"   device-to-device copy of the same bytes  {t_copy:8.3f} ms  {bw(t_copy):7.0f} GB/s (reference)"
+    )
+    for name, ms in (
+        ("select, 0-d device predicate", t_sel0),
+        ("select, batched predicate (rows)", t_selb),
+    ):
         frac = bw(ms) / bw(t_copy)
         verdict = "meets" if frac >= BANDWIDTH_TARGET else "MISSES"
         lines.append(
@@ -93,25 +103,43 @@ def bench_vs_where(lines, quick: bool):
     pc = pred[:, None]
     idx = torch.randint(-1, 4, (rows,), device="cuda")
     ic = idx.clamp(0, 2)[:, None]
-    where_fn = lambda: [torch.where(pc, t, f) for t, f in zip(ts, fs)]  # noqa: E731
-    sel_fn = lambda: select(pred, ts, fs)  # noqa: E731
-    where_n = lambda: [torch.where(ic == 0, a, torch.where(ic == 1, b, c)) for a, b, c in zip(ts, fs, gs)]  # noqa: E731
-    sel_n = lambda: select_n(idx, [ts, fs, gs])  # noqa: E731
+
+    def where_fn():
+        return [torch.where(pc, t, f) for t, f in zip(ts, fs)]
+
+    def sel_fn():
+        return select(pred, ts, fs)
+
+    def where_n():
+        return [torch.where(ic == 0, a, torch.where(ic == 1, b, c)) for a, b, c in zip(ts, fs, gs)]
+
+    def sel_n():
+        return select_n(idx, [ts, fs, gs])
+
     _check(sel_fn(), where_fn(), "large")
     _check(sel_n(), where_n(), "large select_n")
     calls, repeats = (3, 3) if quick else (10, 7)
     _warm(where_fn, sel_fn, where_n, sel_n)
-    t_where, t_sel = timing.cuda_ms(where_fn, calls, repeats), timing.cuda_ms(sel_fn, calls, repeats)
-    t_where_n, t_sel_n = timing.cuda_ms(where_n, calls, repeats), timing.cuda_ms(sel_n, calls, repeats)
+    t_where, t_sel = (
+        timing.cuda_ms(where_fn, calls, repeats),
+        timing.cuda_ms(sel_fn, calls, repeats),
+    )
+    t_where_n, t_sel_n = (
+        timing.cuda_ms(where_n, calls, repeats),
+        timing.cuda_ms(sel_n, calls, repeats),
+    )
     ratio = t_where / t_sel
     verdict = "meets" if ratio >= LARGE_TARGET else "MISSES"
     lines.append(f"2a. large: {n_out} outputs of {rows}x{cols} float32, batched predicate")
-    lines.append(f"   torch.where x{n_out}  {t_where:8.3f} ms | select {t_sel:8.3f} ms | {ratio:5.2f}x faster (target >= {LARGE_TARGET}x, {verdict})")
+    lines.append(
+        f"   torch.where x{n_out}  {t_where:8.3f} ms | select {t_sel:8.3f} ms |"
+        f" {ratio:5.2f}x faster (target >= {LARGE_TARGET}x, {verdict})"
+    )
     lines.append(
         f"   select_n, 3 branches: chained torch.where {t_where_n:8.3f} ms | select_n {t_sel_n:8.3f} ms | "
         f"{t_where_n / t_sel_n:5.2f}x faster"
     )
-    del ts, fs, gs
+    ts = fs = gs = None  # frees the device memory; the closures above hold cells
 
     # small
     n_out = 16
@@ -124,10 +152,15 @@ def bench_vs_where(lines, quick: bool):
     _check(sel_fn(), where_fn(), "small")
     calls, repeats = (20, 3) if quick else (200, 7)
     _warm(where_fn, sel_fn, n=10)
-    t_where, t_sel = timing.cuda_ms(where_fn, calls, repeats), timing.cuda_ms(sel_fn, calls, repeats)
+    t_where, t_sel = (
+        timing.cuda_ms(where_fn, calls, repeats),
+        timing.cuda_ms(sel_fn, calls, repeats),
+    )
     ratio = t_where / t_sel
     verdict = "meets" if ratio >= SMALL_TARGET else "MISSES"
-    lines.append(f"2b. small: {n_out} outputs of 64x64 float32, batched predicate (host-bound: per call, loop of {calls})")
+    lines.append(
+        f"2b. small: {n_out} outputs of 64x64 float32, batched predicate (host-bound: per call, loop of {calls})"
+    )
     lines.append(
         f"   torch.where x{n_out}  {t_where * 1e3:8.1f} us | select {t_sel * 1e3:8.1f} us | {ratio:5.2f}x faster "
         f"(target >= {SMALL_TARGET}x, {verdict})"
@@ -136,7 +169,9 @@ def bench_vs_where(lines, quick: bool):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller tensors, fewer iterations (smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller tensors, fewer iterations (smoke run)"
+    )
     parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -28,7 +28,10 @@ def calibrate(t: timeit.Timer, target_s: float, max_number: int) -> int:
 
 
 def measure(
-    candidates: dict, rounds: int, target_s: float, numbers: dict | None = None,
+    candidates: dict,
+    rounds: int,
+    target_s: float,
+    numbers: dict | None = None,
     max_number: int = 10_000_000,
 ):
     """Best-of-``rounds`` seconds per call for every candidate, interleaved.
@@ -43,7 +46,7 @@ def measure(
     best = {name: float("inf") for name in candidates}
     names = list(candidates)
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             best[name] = min(best[name], candidates[name].timeit(numbers[name]) / numbers[name])
     return best, numbers

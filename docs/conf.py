@@ -18,8 +18,9 @@ for path in (DOCS_DIR, REPO_ROOT):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-import torchcond  # noqa: E402  (autodoc imports it too; fail early if it is missing)
 import gen_gallery  # noqa: E402
+
+import torchcond  # noqa: E402  (autodoc imports it too; fail early if it is missing)
 
 gen_gallery.render(os.path.join(DOCS_DIR, "gallery"))
 

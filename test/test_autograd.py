@@ -3,12 +3,12 @@
 import expecttest
 import pytest
 import torch
+from helpers import count_nodes, readable
 from torch.autograd import gradcheck, gradgradcheck
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchcond
 import torchcond.autograd
-from helpers import count_nodes, readable
 from torchcond import cond, switch
 
 POS = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
@@ -253,7 +253,9 @@ def test_switch_backward_is_a_switch_on_the_same_index():
         return g, torch.autograd.grad(g.sum(), x)[0]
 
     gm = symbolic(step, torch.tensor(0), leaf(POS))
-    switches = [n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "torchcond_switch"]
+    switches = [
+        n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "torchcond_switch"
+    ]
     assert len(switches) == 3 and len({n.args[0] for n in switches}) == 1
     for i in range(-1, 4):
         assert_grads_equal(gm(torch.tensor(i), leaf(POS)), step(torch.tensor(i), leaf(POS)))
@@ -276,7 +278,9 @@ def test_backward_keeps_only_the_primals_it_reads():
         return torch.autograd.grad(out.sum(), (x, y))
 
     gm = symbolic(step, leaf(POS), leaf(NEG))
-    backward = [n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "torchcond_cond"][1]
+    backward = [n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "torchcond_cond"][
+        1
+    ]
     operand_names = [a.name for a in backward.args[3]]
     assert operand_names == ["expand"]  # the cotangent only: linear branches need no primal
 
@@ -314,7 +318,9 @@ def test_derivative_graphs_are_built_once_per_forward_graph(monkeypatch):
     fwd_true, fwd_false = inner.true_graph_0, inner.false_graph_0
     built = []
     real = torchcond.autograd._derivative_graph
-    monkeypatch.setattr(torchcond.autograd, "_derivative_graph", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(
+        torchcond.autograd, "_derivative_graph", lambda *a: built.append(1) or real(*a)
+    )
 
     def unrolled(x0):
         x = x0
@@ -393,7 +399,10 @@ def test_export_run_decompositions_then_a_joint_trace_matches_eager():
 
     def joint(params, x):
         out = torch.func.functional_call(exported, params, (x,))
-        return (out, *torch.autograd.grad(out.pow(2).sum(), list(params.values()), allow_unused=True))
+        return (
+            out,
+            *torch.autograd.grad(out.pow(2).sum(), list(params.values()), allow_unused=True),
+        )
 
     gm = make_fx(joint, tracing_mode="fake")(params, x)
     assert count_nodes(gm, "torchcond_cond") == 2
@@ -420,7 +429,9 @@ def test_aot_function_partitions_the_backward_cond():
     for x in (POS, NEG):
         w = torch.randn(3, dtype=torch.float64)
         xa, wa, xb, wb = leaf(x), leaf(w), leaf(x), leaf(w)
-        assert_grads_equal(grads(compiled(xa, wa).sum(), [xa, wa]), grads(f(xb, wb).sum(), [xb, wb]))
+        assert_grads_equal(
+            grads(compiled(xa, wa).sum(), [xa, wa]), grads(f(xb, wb).sum(), [xb, wb])
+        )
     forward, backward = graphs[:2]
     assert count_nodes(forward, "torchcond_cond") == 1
     assert count_nodes(backward, "torchcond_cond") == 1
@@ -430,6 +441,7 @@ def test_aot_module_sees_parameters_its_branches_close_over():
     from functorch.compile import aot_module, make_boxed_func
 
     m = TwoHeads()
+
     def boxed(gm, _):
         return make_boxed_func(gm)
 

@@ -5,11 +5,11 @@ a traced graph (where the derivatives are themselves conds), on both branches.
 """
 
 import torch
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from helpers import examples
 from torchcond import cond, switch
 
 UNARY = [
@@ -133,7 +133,9 @@ def _no_grad_sum(x):
 
 
 @settings(max_examples=examples(4), deadline=None)
-@given(st.sampled_from(range(len(PIECES))), st.sampled_from(range(len(PIECES))), st.integers(0, 2**16))
+@given(
+    st.sampled_from(range(len(PIECES))), st.sampled_from(range(len(PIECES))), st.integers(0, 2**16)
+)
 def test_grad_mode_and_custom_function_branches_equal_python_if(a, b, seed):
     # Eagerly and under torch.compile the branch's own autograd runs: no_grad blocks
     # and a custom backward count exactly as in a Python `if`.

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from helpers import count_nodes
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from helpers import count_nodes
 from torchcond import cond, switch
 
 XS = torch.tensor([[1.0, 2.0], [-1.0, -3.0], [0.5, -0.1], [2.0, -0.5]], dtype=torch.float64)
@@ -26,7 +26,9 @@ def per_example(fn, *batches):
 
 
 def test_vmap_per_example_predicate_equals_python_if():
-    torch.testing.assert_close(torch.vmap(log_or_zero)(XS), per_example(log_or_zero_if, XS), equal_nan=True)
+    torch.testing.assert_close(
+        torch.vmap(log_or_zero)(XS), per_example(log_or_zero_if, XS), equal_nan=True
+    )
 
 
 def test_vmap_of_grad_is_finite_and_exact_per_example():
@@ -59,7 +61,9 @@ def test_pytree_outputs_and_mixed_in_dims():
     w = torch.tensor([0.5, 2.0], dtype=torch.float64)
 
     def f(p, x, w):
-        return cond(p, lambda a, b: {"s": a + b, "t": [a * b]}, lambda a, b: {"s": a - b, "t": [a]}, (x, w))
+        return cond(
+            p, lambda a, b: {"s": a + b, "t": [a * b]}, lambda a, b: {"s": a - b, "t": [a]}, (x, w)
+        )
 
     preds = torch.tensor([True, False, True, False])
     got = torch.vmap(f, in_dims=(0, 0, None))(preds, XS, w)
@@ -115,7 +119,13 @@ def test_strategy_select_traces_to_plain_ops_and_a_select():
 
 def test_strategy_select_with_a_python_bool_just_takes_the_branch():
     calls = []
-    cond(True, lambda a: calls.append("t") or a, lambda a: calls.append("f") or a, (XS,), strategy="select")
+    cond(
+        True,
+        lambda a: calls.append("t") or a,
+        lambda a: calls.append("f") or a,
+        (XS,),
+        strategy="select",
+    )
     assert calls == ["t"]
 
 
@@ -199,7 +209,12 @@ def test_conditional_node_plumbing_with_a_recording_if_body():
     torch.testing.assert_close(out, x - 5)  # every body ran here, so the last copy wins
     with pytest.raises(Exception, match="agree on shape"):
         run_as_conditional_nodes(
-            form_of(switch_op), torch.tensor(0), [lambda a: (a,), lambda a: (a[:2],)], (x,), ["b0", "b1"], recording_if_body
+            form_of(switch_op),
+            torch.tensor(0),
+            [lambda a: (a,), lambda a: (a[:2],)],
+            (x,),
+            ["b0", "b1"],
+            recording_if_body,
         )
 
 
@@ -213,16 +228,18 @@ def _inc(x):
 
 _RUN_ALL = {
     "cond select": lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select"),
-    "switch select": lambda p, x: switch(p.long(), [lambda x: x * 2, _inc], (x,), strategy="select"),
+    "switch select": lambda p, x: switch(
+        p.long(), [lambda x: x * 2, _inc], (x,), strategy="select"
+    ),
     "make_fx select": lambda p, x: make_fx(
         lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select")
     )(p, x),
     "make_fx fake select": lambda p, x: make_fx(
         lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select"), tracing_mode="fake"
     )(p, x),
-    "vmap per example": lambda p, x: torch.vmap(
-        lambda p, r: cond(p, _inc, lambda r: r * 2, (r,))
-    )(p.expand(2).clone(), x.expand(2, 3).clone()),
+    "vmap per example": lambda p, x: torch.vmap(lambda p, r: cond(p, _inc, lambda r: r * 2, (r,)))(
+        p.expand(2).clone(), x.expand(2, 3).clone()
+    ),
 }
 
 
@@ -234,7 +251,10 @@ def test_a_branch_that_runs_untaken_may_not_write_to_its_inputs(how, taken):
     from torchcond import BranchMutationError
 
     x = torch.full((3,), 2.0)
-    with pytest.raises(BranchMutationError, match=r"(true_fn|branches\[1\]) writes in place \(aten.add_.Tensor\) to its input operands\[0\], but every branch runs"):
+    with pytest.raises(
+        BranchMutationError,
+        match=r"(true_fn|branches\[1\]) writes in place \(aten.add_.Tensor\) to its input operands\[0\], but every branch runs",
+    ):
         _RUN_ALL[how](torch.tensor(taken), x)
     torch.testing.assert_close(x, torch.full((3,), 2.0))
 
@@ -252,10 +272,19 @@ def test_a_branch_that_runs_untaken_may_not_write_to_a_closed_over_tensor():
     from torchcond import BranchMutationError
 
     w, x = torch.zeros(3), torch.ones(3)
-    with pytest.raises(BranchMutationError, match=r"true_fn writes in place .* to a tensor from outside it \(shape \(3,\)\)"):
+    with pytest.raises(
+        BranchMutationError,
+        match=r"true_fn writes in place .* to a tensor from outside it \(shape \(3,\)\)",
+    ):
         cond(torch.tensor(False), lambda x: x + w.add_(1), lambda x: x * 2, (x,), strategy="select")
     with pytest.raises(BranchMutationError, match=r"true_fn writes in place \(aten.sin.out\)"):
-        cond(torch.tensor(False), lambda x: torch.sin(x, out=w), lambda x: x * 2, (x,), strategy="select")
+        cond(
+            torch.tensor(False),
+            lambda x: torch.sin(x, out=w),
+            lambda x: x * 2,
+            (x,),
+            strategy="select",
+        )
     torch.testing.assert_close(w, torch.zeros(3))
 
 
@@ -270,7 +299,9 @@ def test_a_branch_that_runs_untaken_may_write_to_what_it_created():
     for p, want in ((True, 3.0), (False, 4.0)):
         out = cond(torch.tensor(p), scratch, lambda x: x * 2, (x,), strategy="select")
         torch.testing.assert_close(out, torch.full((3,), want))
-        out = torch.vmap(lambda r: cond(r.sum() > 0 if p else r.sum() < 0, scratch, lambda r: r * 2, (r,)))(x.expand(2, 3))
+        out = torch.vmap(
+            lambda r, p=p: cond(r.sum() > 0 if p else r.sum() < 0, scratch, lambda r: r * 2, (r,))
+        )(x.expand(2, 3))
         torch.testing.assert_close(out, torch.full((2, 3), want))
     torch.testing.assert_close(x, torch.full((3,), 2.0))
 
@@ -280,7 +311,9 @@ def test_vmap_per_example_predicate_with_branches_closing_over_the_batch():
     xs = torch.tensor([[1.0, 2.0], [-1.0, -3.0], [0.5, -0.2]])
     out = torch.vmap(lambda x: cond(x.sum() > 0, lambda: x + 1, lambda: x - 1, ()))(xs)
     torch.testing.assert_close(out, torch.stack([x + 1 if x.sum() > 0 else x - 1 for x in xs]))
-    out = torch.vmap(lambda x: switch((x.sum() > 0).long(), [lambda: x * 2, lambda: x.sin()], ()))(xs)
+    out = torch.vmap(lambda x: switch((x.sum() > 0).long(), [lambda: x * 2, lambda: x.sin()], ()))(
+        xs
+    )
     torch.testing.assert_close(out, torch.stack([x.sin() if x.sum() > 0 else x * 2 for x in xs]))
 
 

@@ -22,9 +22,9 @@ import re
 
 import pytest
 import torch
+from helpers import TORCH_VERSION
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from helpers import TORCH_VERSION
 from torchcond import UnsupportedCondError, cond, switch
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
@@ -83,7 +83,8 @@ def inputs(op: str, predicate: str):
 
 def our_nodes(gm: torch.fx.GraphModule):
     return [
-        n for n in gm.graph.nodes
+        n
+        for n in gm.graph.nodes
         if n.op == "call_function" and getattr(n.target, "__name__", "").startswith("torchcond_")
     ]
 
@@ -94,14 +95,14 @@ REFUSED = {("inductor", "cond", "item", "training")}
 CASES = [c for c in itertools.product(BACKENDS, OPS, PREDICATES, MODES) if c not in REFUSED]
 
 
-
-
 def case_param(case):
     marks = []
     if TORCH_VERSION == (2, 11) and case == ("inductor", "cond", "shape", "training"):
         # The backward graph takes the SymBool ``s0 > 3`` as an input, which Inductor
         # 2.11 rejects ("Unsupported inductor graph input type"); torch.cond too.
-        marks.append(pytest.mark.xfail(reason="Inductor 2.11 rejects a SymBool graph input", strict=True))
+        marks.append(
+            pytest.mark.xfail(reason="Inductor 2.11 rejects a SymBool graph input", strict=True)
+        )
     return pytest.param(*case, id="-".join(case), marks=marks)
 
 
@@ -130,7 +131,9 @@ def test_compiled_matches_eager_without_recompiling(backend, op, predicate, mode
                 # derivative is a traced conditional (one structure for all branches).
                 if w is None and g is not None:
                     w = torch.zeros_like(g)
-                torch.testing.assert_close(g, w, msg=lambda m: f"gradient of {name}: {m}")
+                torch.testing.assert_close(
+                    g, w, msg=lambda m, name=name: f"gradient of {name}: {m}"
+                )
 
     assert counter.frame_count == 1
     (graph,) = counter.graphs
@@ -154,7 +157,9 @@ def test_inductor_refuses_a_saved_item_relation():
     compiled = torch.compile(model, backend="inductor", fullgraph=True)
     x = torch.randn(3, 4, requires_grad=True)
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
-        with pytest.raises(Exception, match=r"torchcond_cond: Inductor cannot compile .* \.item\(\)") as info:
+        with pytest.raises(
+            Exception, match=r"torchcond_cond: Inductor cannot compile .* \.item\(\)"
+        ) as info:
             compiled(x, torch.tensor(0)).sum().backward()
     assert any(isinstance(e, UnsupportedCondError) for e in _chain(info.value))
 
@@ -173,13 +178,19 @@ def inductor_code(fn, *args, dynamic=None):
 
     torch._dynamo.reset()
     with torch.no_grad():
-        out, codes = run_and_get_code(torch.compile(fn, backend="inductor", fullgraph=True, dynamic=dynamic), *args)
+        out, codes = run_and_get_code(
+            torch.compile(fn, backend="inductor", fullgraph=True, dynamic=dynamic), *args
+        )
     torch.testing.assert_close(out, fn(*args))
     return "\n".join(codes)
 
 
 def defined_functions(code: str) -> list[str]:
-    return [line.split("(")[0][4:] for line in code.splitlines() if line.startswith("def ") and "(args)" in line]
+    return [
+        line.split("(")[0][4:]
+        for line in code.splitlines()
+        if line.startswith("def ") and "(args)" in line
+    ]
 
 
 # torch 2.14 lowers conditionals to the N-way ir.Switch: the selector is read into a
@@ -204,7 +215,9 @@ def selector_lines(code: str) -> list[str]:
 
 def no_fallback(code: str) -> bool:
     # The operator may be named in assert messages; it must never be called.
-    return "higher_order.torchcond_" not in code and "torchcond_cond(" not in code.replace("def torchcond_cond", "")
+    return "higher_order.torchcond_" not in code and "torchcond_cond(" not in code.replace(
+        "def torchcond_cond", ""
+    )
 
 
 def test_inductor_lowers_cond_to_a_host_branch_over_compiled_subgraphs():
@@ -258,7 +271,11 @@ def test_inductor_lowers_switch_to_host_branches():
         # One ir.Switch over the clamped index: read once, then if/elif/elif/else.
         (read,) = selector_lines(code)
         selector = read.split()[0]
-        assert branch_lines(code) == [f"if {selector} == 0:", f"elif {selector} == 1:", f"elif {selector} == 2:"]
+        assert branch_lines(code) == [
+            f"if {selector} == 0:",
+            f"elif {selector} == 1:",
+            f"elif {selector} == 2:",
+        ]
         assert functions == [f"branch_graph_{k}" for k in range(4)]
     else:
         # switch(i, b0, b1, b2, b3) = b0 if i <= 0 else switch(i - 1, b1, b2, b3), and so
@@ -271,7 +288,9 @@ def test_inductor_lowers_switch_to_host_branches():
 def test_select_strategy_compiles_with_inductor_without_a_host_branch():
     def f(x, i):
         y = cond(x.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (x,), strategy="select")
-        return switch(i, [lambda a: a * 3, lambda a: a.exp(), lambda a: -a], (y,), strategy="select")
+        return switch(
+            i, [lambda a: a * 3, lambda a: a.exp(), lambda a: -a], (y,), strategy="select"
+        )
 
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="inductor", fullgraph=True)

@@ -35,7 +35,7 @@ def capture(model, *args):
 def test_dynamo_captures_our_operators():
     model = Model()
     with torch.no_grad():
-        out, (gm,) = capture(model, torch.randn(4, 3), torch.tensor(1))
+        _, (gm,) = capture(model, torch.randn(4, 3), torch.tensor(1))
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     names = [getattr(t, "__name__", "") for t in targets]
     assert "torchcond_cond" in names and "torchcond_switch" in names
@@ -68,15 +68,25 @@ def test_training_through_a_compiled_cond_uses_the_backward_cond():
 X = torch.arange(6.0).reshape(2, 3)
 
 DYNAMO_CASES = {
-    "switch_tuple_outputs": lambda x, i: switch(i, [lambda a: (a + 1, a), lambda a: (a - 1, a * 2)], (x,)),
+    "switch_tuple_outputs": lambda x, i: switch(
+        i, [lambda a: (a + 1, a), lambda a: (a - 1, a * 2)], (x,)
+    ),
     "cond_nested_in_switch": lambda x, i: switch(
         i, [lambda a: a + 1, lambda a: cond(a.sum() > 0, lambda b: b * 2, lambda b: b, (a,))], (x,)
     ),
-    "views_with_offsets": lambda x, i: cond(x.sum() > 0, lambda a: (a, a[1:]), lambda a: (a * 2, a[:-1] + 0), (x,)),
-    "different_strides": lambda x, i: cond(x.sum() > 0, lambda a: a.t().contiguous().t(), lambda a: a * 2, (x,)),
+    "views_with_offsets": lambda x, i: cond(
+        x.sum() > 0, lambda a: (a, a[1:]), lambda a: (a * 2, a[:-1] + 0), (x,)
+    ),
+    "different_strides": lambda x, i: cond(
+        x.sum() > 0, lambda a: a.t().contiguous().t(), lambda a: a * 2, (x,)
+    ),
     "different_sizes": lambda x, i: cond(x.sum() > 0, lambda a: a[1:], lambda a: a[:1] * 2, (x,)),
-    "no_operands": lambda x, i: switch(i, [lambda: torch.ones(2), lambda: torch.zeros(2), lambda: torch.full((2,), 3.0)], ()),
-    "dict_outputs": lambda x, i: cond(x.sum() > 0, lambda a: {"h": a + 1, "l": [a]}, lambda a: {"h": a, "l": [a * 3]}, (x,)),
+    "no_operands": lambda x, i: switch(
+        i, [lambda: torch.ones(2), lambda: torch.zeros(2), lambda: torch.full((2,), 3.0)], ()
+    ),
+    "dict_outputs": lambda x, i: cond(
+        x.sum() > 0, lambda a: {"h": a + 1, "l": [a]}, lambda a: {"h": a, "l": [a * 3]}, (x,)
+    ),
 }
 
 

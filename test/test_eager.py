@@ -133,7 +133,9 @@ def test_vmap_with_unbatched_predicate_vmaps_the_taken_branch():
 
 def test_meta_tensors_merge_branches():
     x = torch.empty(4, 3, device="meta")
-    out = cond(torch.empty((), dtype=torch.bool, device="meta"), lambda x: x + 1, lambda x: x * 2, (x,))
+    out = cond(
+        torch.empty((), dtype=torch.bool, device="meta"), lambda x: x + 1, lambda x: x * 2, (x,)
+    )
     assert out.device.type == "meta" and out.shape == (4, 3)
 
 
@@ -184,7 +186,9 @@ def _switch_modes():
         "eager": run,
         "select": lambda i, x: run(i, x, "select"),
         "make_fx": lambda i, x: make_fx(lambda i, x: run(i, x))(i, x)(i, x),
-        "make_fx fake": lambda i, x: make_fx(lambda i, x: run(i, x), tracing_mode="fake")(i, x)(i, x),
+        "make_fx fake": lambda i, x: make_fx(lambda i, x: run(i, x), tracing_mode="fake")(i, x)(
+            i, x
+        ),
         "make_fx select": lambda i, x: make_fx(lambda i, x: run(i, x, "select"))(i, x)(i, x),
         "vmap": lambda i, x: torch.vmap(run)(i.expand(2).clone(), x.expand(2, -1))[0],
         "export": export,
@@ -193,7 +197,9 @@ def _switch_modes():
 
 
 @pytest.mark.parametrize("mode", list(_switch_modes()))
-@pytest.mark.parametrize("value, taken", [(2**63, 2), (2**64 - 1, 2), (2**63 - 1, 2), (1, 1), (0, 0)])
+@pytest.mark.parametrize(
+    "value, taken", [(2**63, 2), (2**64 - 1, 2), (2**63 - 1, 2), (1, 1), (0, 0)]
+)
 def test_uint64_index_clamps_like_its_value_in_every_mode(mode, value, taken):
     # A uint64 index at or above 2**63 is a large number: the last branch, never a
     # wrapped negative int64 that would take branch 0.

@@ -25,7 +25,9 @@ def ident(*a):
 
 @pytest.mark.parametrize("pred", [torch.ones(2) > 0, torch.ones(0) > 0])
 def test_pred_with_several_or_no_elements(pred):
-    with pytest.raises(CondArgumentError, match=r"'pred' must have exactly one element; found a tensor of shape"):
+    with pytest.raises(
+        CondArgumentError, match=r"'pred' must have exactly one element; found a tensor of shape"
+    ):
         cond(pred, ident, ident, (x,))
 
 
@@ -104,7 +106,9 @@ def test_branches_with_different_dtype_name_the_output_path():
 
     with pytest.raises(
         BranchMismatchError,
-        match=re.escape("output[1]['h']: branches must agree on dtype; true_fn gives torch.float32, false_fn gives torch.int64"),
+        match=re.escape(
+            "output[1]['h']: branches must agree on dtype; true_fn gives torch.float32, false_fn gives torch.int64"
+        ),
     ):
         trace(f, x)
 
@@ -113,7 +117,10 @@ def test_branches_with_different_ndim():
     def f(x):
         return cond(x.sum() > 0, lambda x: x, lambda x: x[None], (x,))
 
-    with pytest.raises(BranchMismatchError, match=r"output: branches must agree on ndim; true_fn gives 1, false_fn gives 2"):
+    with pytest.raises(
+        BranchMismatchError,
+        match=r"output: branches must agree on ndim; true_fn gives 1, false_fn gives 2",
+    ):
         trace(f, x)
 
 
@@ -128,9 +135,18 @@ def test_switch_mismatch_names_the_branch():
 @pytest.mark.parametrize(
     "other, message",
     [
-        (lambda x: torch.zeros(10, 10), r"output: branches must agree on ndim; true_fn gives 1, false_fn gives 2"),
-        (lambda x: torch.zeros(5), r"output dim 0: branches must agree on sizes .* true_fn gives 4, false_fn gives 5"),
-        (lambda x: x.double(), r"output: branches must agree on dtype; true_fn gives torch.float32, false_fn gives torch.float64"),
+        (
+            lambda x: torch.zeros(10, 10),
+            r"output: branches must agree on ndim; true_fn gives 1, false_fn gives 2",
+        ),
+        (
+            lambda x: torch.zeros(5),
+            r"output dim 0: branches must agree on sizes .* true_fn gives 4, false_fn gives 5",
+        ),
+        (
+            lambda x: x.double(),
+            r"output: branches must agree on dtype; true_fn gives torch.float32, false_fn gives torch.float64",
+        ),
     ],
 )
 @pytest.mark.parametrize("taken", [True, False])
@@ -139,15 +155,23 @@ def test_real_mode_make_fx_checks_every_branch(other, message, taken):
     x = torch.full((4,), 1.0 if taken else -1.0)
     with pytest.raises(BranchMismatchError, match=message):
         make_fx(lambda x: cond(x.sum() > 0, lambda x: x.sin(), other, [x]))(x)
-    with pytest.raises(BranchMismatchError, match=message.replace("true_fn", r"branches\[0\]").replace("false_fn", r"branches\[1\]")):
-        make_fx(lambda i, x: switch(i, [lambda x: x.sin(), other], [x]))(torch.tensor(0 if taken else 1), x)
+    with pytest.raises(
+        BranchMismatchError,
+        match=message.replace("true_fn", r"branches\[0\]").replace("false_fn", r"branches\[1\]"),
+    ):
+        make_fx(lambda i, x: switch(i, [lambda x: x.sin(), other], [x]))(
+            torch.tensor(0 if taken else 1), x
+        )
 
 
 def test_branch_returning_a_non_tensor():
     def f(x):
         return cond(x.sum() > 0, lambda x: (x, 3), lambda x: (x, 4), (x,))
 
-    with pytest.raises(BranchMismatchError, match=re.escape("true_fn output: every leaf must be a torch.Tensor; output[1] is int (3)")):
+    with pytest.raises(
+        BranchMismatchError,
+        match=re.escape("true_fn output: every leaf must be a torch.Tensor; output[1] is int (3)"),
+    ):
         trace(f, x)
 
 
@@ -169,7 +193,10 @@ def test_traced_mutation_of_an_operand_is_refused():
 
         return cond(x.sum() > 0, t, lambda x, d: x, (x, {"b": y}))
 
-    with pytest.raises(BranchMutationError, match=re.escape("true_fn writes in place to its input operands[1]['b']")):
+    with pytest.raises(
+        BranchMutationError,
+        match=re.escape("true_fn writes in place to its input operands[1]['b']"),
+    ):
         trace(f, x, torch.ones(2))
 
 
@@ -181,7 +208,10 @@ def test_traced_mutation_of_a_closed_over_tensor_is_refused():
 
         return cond(x.sum() > 0, t, lambda x: x, (x,))
 
-    with pytest.raises(BranchMutationError, match=r"true_fn writes in place to a tensor it closes over \(traced as .y_1., shape"):
+    with pytest.raises(
+        BranchMutationError,
+        match=r"true_fn writes in place to a tensor it closes over \(traced as .y_1., shape",
+    ):
         trace(f, x, torch.ones(2))
 
 
@@ -203,14 +233,21 @@ def test_user_exception_reaches_the_user_unchanged():
 def test_per_example_predicate_needs_selectable_outputs():
     xs = torch.randn(4, 3)
     # Shapes as each example's branch returns them (under vmap, not the batch's).
-    with pytest.raises(BranchMismatchError, match=r"output\['h'\]: every branch runs .* agree on shape: true_fn gives \(3,\), false_fn gives \(2,\)"):
-        torch.vmap(lambda x: cond(x.sum() > 0, lambda a: {"h": a}, lambda a: {"h": a[:2]}, (x,)))(xs)
+    with pytest.raises(
+        BranchMismatchError,
+        match=r"output\['h'\]: every branch runs .* agree on shape: true_fn gives \(3,\), false_fn gives \(2,\)",
+    ):
+        torch.vmap(lambda x: cond(x.sum() > 0, lambda a: {"h": a}, lambda a: {"h": a[:2]}, (x,)))(
+            xs
+        )
     with pytest.raises(BranchMismatchError, match=r"output: every branch runs .* agree on dtype"):
         cond(xs.sum() > 0, lambda a: a, lambda a: a.double(), (xs,), strategy="select")
 
 
 def test_unknown_strategy_is_refused():
-    with pytest.raises(CondArgumentError, match="argument 'strategy' must be one of 'auto', 'select'; found 'fast'"):
+    with pytest.raises(
+        CondArgumentError, match="argument 'strategy' must be one of 'auto', 'select'; found 'fast'"
+    ):
         cond(torch.tensor(True), torch.sin, torch.cos, (torch.ones(2),), strategy="fast")
 
 
@@ -226,7 +263,9 @@ def test_bad_input_leaves_inputs_untouched():
     with pytest.raises(CondArgumentError):
         cond(torch.tensor(True), t, t, (a, {"k": "not a tensor"}))
     with pytest.raises(BranchMutationError):
-        make_fx(lambda a: cond(a.sum() > 0, lambda a: a.add_(1), lambda a: a, (a,)), tracing_mode="fake")(a)
+        make_fx(
+            lambda a: cond(a.sum() > 0, lambda a: a.add_(1), lambda a: a, (a,)), tracing_mode="fake"
+        )(a)
     torch.testing.assert_close(a, before)
     assert a._version == version
 
@@ -241,16 +280,24 @@ def test_a_mismatch_is_caught_as_torch_cond_mismatches_are():
     # catches ours too.
     x = torch.ones(3)
     with pytest.raises(RuntimeError, match="true_fn"):
-        make_fx(lambda x: cond(x.sum() > 0, lambda x: x, lambda x: x.double(), (x,)), tracing_mode="fake")(x)
+        make_fx(
+            lambda x: cond(x.sum() > 0, lambda x: x, lambda x: x.double(), (x,)),
+            tracing_mode="fake",
+        )(x)
     with pytest.raises(RuntimeError):
-        make_fx(lambda x: torch.cond(x.sum() > 0, lambda x: x, lambda x: x.double(), (x,)), tracing_mode="fake")(x)
+        make_fx(
+            lambda x: torch.cond(x.sum() > 0, lambda x: x, lambda x: x.double(), (x,)),
+            tracing_mode="fake",
+        )(x)
 
 
 def test_writes_through_out_keyword_are_refused():
     def f(x):
         return cond(x.sum() > 0, lambda a: torch.sin(a, out=a), lambda a: a * 2, (x,))
 
-    with pytest.raises(BranchMutationError, match=re.escape("true_fn writes in place to its input operands[0]")):
+    with pytest.raises(
+        BranchMutationError, match=re.escape("true_fn writes in place to its input operands[0]")
+    ):
         trace(f, x)
 
 
@@ -273,14 +320,18 @@ def test_writes_to_a_plain_tensor_attribute_are_refused_in_export():
 
 def test_meta_selector_with_real_operands():
     pred = torch.tensor(False, device="meta")
-    with pytest.raises(CondArgumentError, match=r"selector is a meta tensor.*operands are real tensors \(on cpu\)"):
+    with pytest.raises(
+        CondArgumentError, match=r"selector is a meta tensor.*operands are real tensors \(on cpu\)"
+    ):
         cond(pred, lambda a: a * 2, lambda a: a, (x,))
     with pytest.raises(CondArgumentError, match="selector is a meta tensor"):
         switch(torch.tensor(0, device="meta"), [ident, ident], (x,))
 
 
 def test_switch_checks_every_branch_even_when_another_is_taken():
-    with pytest.raises(CondArgumentError, match=r"'branches\[1\]' must be callable; found NoneType"):
+    with pytest.raises(
+        CondArgumentError, match=r"'branches\[1\]' must be callable; found NoneType"
+    ):
         switch(torch.tensor(0), [ident, None], (x,))
 
 
@@ -291,12 +342,30 @@ def test_a_branch_that_cannot_take_the_operands_is_named(mode):
             return fn(torch.tensor(True), x)
         if mode == "eager python bool":
             return fn(True, x)
-        return make_fx(fn, tracing_mode="real" if mode == "make_fx" else "symbolic")(torch.tensor(True), x)
+        return make_fx(fn, tracing_mode="real" if mode == "make_fx" else "symbolic")(
+            torch.tensor(True), x
+        )
 
-    with pytest.raises(CondArgumentError, match=re.escape("true_fn is called with the 1 operand (as true_fn(*operands)), but its signature () does not take them")):
+    with pytest.raises(
+        CondArgumentError,
+        match=re.escape(
+            "true_fn is called with the 1 operand (as true_fn(*operands)), but its signature () does not take them"
+        ),
+    ):
         run(lambda p, x: cond(p, lambda: x, lambda x: x, (x,)))
-    with pytest.raises(CondArgumentError, match=re.escape("branches[1] is called with the 2 operands (as branches[1](*operands)), but its signature (a) does not take them")):
-        run(lambda p, x: switch(p.long() if isinstance(p, torch.Tensor) else int(p), [lambda a, b: a, lambda a: a], (x, x)))
+    with pytest.raises(
+        CondArgumentError,
+        match=re.escape(
+            "branches[1] is called with the 2 operands (as branches[1](*operands)), but its signature (a) does not take them"
+        ),
+    ):
+        run(
+            lambda p, x: switch(
+                p.long() if isinstance(p, torch.Tensor) else int(p),
+                [lambda a, b: a, lambda a: a],
+                (x, x),
+            )
+        )
 
 
 def test_a_type_error_inside_a_branch_is_not_mistaken_for_arity():
@@ -314,9 +383,15 @@ def test_check_branches_catches_in_eager_what_export_would_refuse():
     # Without the check only the taken branch runs, as a Python `if`.
     torch.testing.assert_close(cond(torch.tensor(True), lambda x: x * w, to_double, (x,)), x * w)
     for pred in (torch.tensor(True), True):
-        with pytest.raises(BranchMismatchError, match="true_fn gives torch.float32, false_fn gives torch.float64"):
+        with pytest.raises(
+            BranchMismatchError,
+            match=r"true_fn gives torch\.float32, false_fn gives torch\.float64",
+        ):
             cond(pred, lambda x: x * w, to_double, (x,), check_branches=True)
-    with pytest.raises(BranchMismatchError, match=r"branches\[0\] returns Tensor, branches\[1\] returns \(Tensor,\)"):
+    with pytest.raises(
+        BranchMismatchError,
+        match=r"branches\[0\] returns Tensor, branches\[1\] returns \(Tensor,\)",
+    ):
         switch(torch.tensor(0), [lambda x: x, lambda x: (x,)], (x,), check_branches=True)
     a = torch.ones(3)
     with pytest.raises(BranchMutationError, match="false_fn writes in place to its input operands"):
@@ -337,9 +412,16 @@ def test_under_dynamo_an_untraceable_branch_is_named_with_the_operator():
 
     calls = [
         (lambda x: cond(x.sum() > 0, data_dependent, ident, (x,)), "torchcond_cond", "true_fn: "),
-        (lambda x: switch(x.sum().long(), [ident, data_dependent], (x,)), "torchcond_switch", r"branches\[1\]: "),
+        (
+            lambda x: switch(x.sum().long(), [ident, data_dependent], (x,)),
+            "torchcond_switch",
+            r"branches\[1\]: ",
+        ),
     ]
     for fn, op, branch in calls:
         torch._dynamo.reset()
-        with pytest.raises(torch._dynamo.exc.UncapturedHigherOrderOpError, match=f"(?s){branch}Data-dependent branching.*Higher Order Operator: {op}"):
+        with pytest.raises(
+            torch._dynamo.exc.UncapturedHigherOrderOpError,
+            match=f"(?s){branch}Data-dependent branching.*Higher Order Operator: {op}",
+        ):
             torch.compile(fn, backend="eager", fullgraph=True)(x)

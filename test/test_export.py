@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 import torch
+from helpers import count_nodes
 from torch.export import Dim, export
 
-from helpers import count_nodes
 from torchcond import BranchMutationError, cond, switch
 
 STRICTNESS = pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
@@ -130,7 +130,9 @@ def test_traced_mutation_is_refused_in_export():
 
             return cond(x.sum() > 0, t, lambda x: x + 1, (x,))
 
-    with pytest.raises(BranchMutationError, match=r"true_fn writes in place to its input operands\[0\]"):
+    with pytest.raises(
+        BranchMutationError, match=r"true_fn writes in place to its input operands\[0\]"
+    ):
         export(M(), (torch.randn(3),), strict=False)
 
 
@@ -142,10 +144,17 @@ def test_run_decompositions_keeps_the_operator(strict):
             self.lin = torch.nn.Linear(3, 3)
 
         def forward(self, x):
-            return cond(x.shape[0] > 3, lambda x: torch.nn.functional.gelu(self.lin(x)), lambda x: x.softmax(-1), (x,))
+            return cond(
+                x.shape[0] > 3,
+                lambda x: torch.nn.functional.gelu(self.lin(x)),
+                lambda x: x.softmax(-1),
+                (x,),
+            )
 
     m = M()
-    ep = export(m, (torch.randn(5, 3),), dynamic_shapes=({0: BATCH},), strict=strict).run_decompositions()
+    ep = export(
+        m, (torch.randn(5, 3),), dynamic_shapes=({0: BATCH},), strict=strict
+    ).run_decompositions()
     assert count_nodes(ep.graph_module, "torchcond_cond") == 1
     loaded = round_trip(ep).module()
     with torch.no_grad():
@@ -198,7 +207,9 @@ def test_switch_index_is_clamped_in_the_graph_for_symint_indices(strict):
             return switch(x.shape[0] - 3, [lambda a: a + 1, lambda a: a * 2, lambda a: a - 5], (x,))
 
     ep = export(M(), (torch.ones(4),), dynamic_shapes=({0: BATCH},), strict=strict)
-    node = [n for n in ep.graph.nodes if n.op == "call_function" and "torchcond_switch" in str(n.target)][0]
+    node = next(
+        n for n in ep.graph.nodes if n.op == "call_function" and "torchcond_switch" in str(n.target)
+    )
     assert "sym_min" in str(node.args[0].target) or "min" in node.args[0].name
     loaded = round_trip(ep).module()
     for n in (2, 3, 4, 5, 30):
@@ -212,7 +223,9 @@ def test_narrow_integer_index_with_many_branches():
     gm = make_fx(lambda i, x: switch(i, branches, (x,)), tracing_mode="symbolic")(
         torch.tensor(3, dtype=torch.uint8), torch.zeros(2)
     )
-    torch.testing.assert_close(gm(torch.tensor(255, dtype=torch.uint8), torch.zeros(2)), torch.full((2,), 255.0))
+    torch.testing.assert_close(
+        gm(torch.tensor(255, dtype=torch.uint8), torch.zeros(2)), torch.full((2,), 255.0)
+    )
 
 
 def test_torch_func_over_an_exported_program():

@@ -77,7 +77,9 @@ def _check_example(name: str, strict: bool) -> None:
         with torch.no_grad():
             expected = model(*inputs)
             actual = exported(*inputs)
-        torch.testing.assert_close(actual, expected, msg=lambda m: f"{name} branch_inputs[{i}]: {m}")
+        torch.testing.assert_close(
+            actual, expected, msg=lambda m, i=i: f"{name} branch_inputs[{i}]: {m}"
+        )
 
 
 def test_examples_registered():

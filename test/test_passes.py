@@ -2,15 +2,20 @@
 
 import pytest
 import torch
+from helpers import count_nodes
 from torch.export import Dim, export
 
-from helpers import count_nodes
 from torchcond import BranchMismatchError, cond, switch
 from torchcond.passes import lower_to_select
 
 
 def conditional_nodes(gm) -> int:
-    return sum(count_nodes(m, name) for m in gm.modules() if isinstance(m, torch.fx.GraphModule) for name in ("torchcond_cond", "torchcond_switch"))
+    return sum(
+        count_nodes(m, name)
+        for m in gm.modules()
+        if isinstance(m, torch.fx.GraphModule)
+        for name in ("torchcond_cond", "torchcond_switch")
+    )
 
 
 def select_nodes(gm) -> int:
@@ -27,7 +32,12 @@ class Pytrees(torch.nn.Module):
         self.lin = torch.nn.Linear(3, 3)
 
     def forward(self, x, i):
-        a = cond(x.sum() > 0, lambda t: {"h": self.lin(t), "l": [t * 2]}, lambda t: {"h": t.cos(), "l": [t]}, (x,))
+        a = cond(
+            x.sum() > 0,
+            lambda t: {"h": self.lin(t), "l": [t * 2]},
+            lambda t: {"h": t.cos(), "l": [t]},
+            (x,),
+        )
         b = switch(i, [lambda t: t + 1, lambda t: t * 3, lambda t: t.exp()], (a["h"],))
         return a["l"][0], b
 
@@ -93,5 +103,7 @@ def test_branches_of_different_shapes_cannot_be_lowered():
         def forward(self, x):
             return cond(x.sum() > 0, lambda t: t[1:], lambda t: t[:1] * 2, (x,))
 
-    with pytest.raises(BranchMismatchError, match=r"lower_to_select: .* output\[0\] differs between branches"):
+    with pytest.raises(
+        BranchMismatchError, match=r"lower_to_select: .* output\[0\] differs between branches"
+    ):
         lower_to_select(export(M(), (torch.randn(4),)))

@@ -3,11 +3,11 @@
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from helpers import examples
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from helpers import examples
 from torchcond import BranchMutationError, cond, switch
 
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool]
@@ -56,7 +56,10 @@ def programs(draw):
 
     def branch(*operands):
         leaves, spec = pytree.tree_flatten(operands)
-        outs = [_ops_for(t.dtype)[choices[i % 8] % len(_ops_for(t.dtype))](t) for i, t in enumerate(leaves)]
+        outs = [
+            _ops_for(t.dtype)[choices[i % 8] % len(_ops_for(t.dtype))](t)
+            for i, t in enumerate(leaves)
+        ]
         return pytree.tree_unflatten(outs, spec)
 
     return branch
@@ -71,8 +74,12 @@ def predicates(draw):
 
 
 operand_lists = st.lists(pytrees(tensors()), min_size=1, max_size=3).map(tuple)
-SETTINGS = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-TRACE_SETTINGS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TRACE_SETTINGS = settings(
+    max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def assert_same(actual, expected):

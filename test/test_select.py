@@ -14,8 +14,7 @@ import pytest
 import torch
 
 import torchcond  # noqa: F401  (loads the extension)
-from torchcond import CondArgumentError
-from torchcond import select, select_n
+from torchcond import CondArgumentError, select, select_n
 
 OPS = torch.ops.torchcond
 CUDA = torch.cuda.is_available()
@@ -54,7 +53,9 @@ INDEX_DTYPES = [
 
 
 def rand(shape, dtype=torch.float32, device="cpu", seed=None):
-    g = torch.Generator().manual_seed(seed if seed is not None else hash((tuple(shape), str(dtype))) % 2**31)
+    g = torch.Generator().manual_seed(
+        seed if seed is not None else hash((tuple(shape), str(dtype))) % 2**31
+    )
     if dtype is torch.bool:
         x = torch.rand(shape, generator=g) > 0.5
     elif dtype.is_complex:
@@ -142,7 +143,10 @@ def test_select_n_clamps_the_index(device, index_dtype):
         values = [v for v in values if -128 <= v < 128]
     index = torch.tensor(values, dtype=index_dtype, device=device)
     cases = [
-        [rand((len(values), 3), torch.float32, device, k), rand((len(values),), torch.int64, device, 10 + k)]
+        [
+            rand((len(values), 3), torch.float32, device, k),
+            rand((len(values),), torch.int64, device, 10 + k),
+        ]
         for k in range(3)
     ]
     assert_same(select_n(index, cases), ref_select_n_on(device, index, cases))
@@ -165,15 +169,17 @@ def test_select_n_one_branch_copies(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.complex128, torch.int8, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.complex128, torch.int8, torch.bfloat16], ids=str
+)
 def test_non_contiguous_inputs(device, dtype):
     base_t = rand((8, 12, 10), dtype, device, 1)
     base_f = rand((10, 12, 8), dtype, device, 2)
-    t = base_t[:, ::2, 1:9]                            # sliced: (8, 6, 8)
-    f = base_f.permute(2, 1, 0)[:, 3:9, :8]            # transposed + sliced: (8, 6, 8)
+    t = base_t[:, ::2, 1:9]  # sliced: (8, 6, 8)
+    f = base_f.permute(2, 1, 0)[:, 3:9, :8]  # transposed + sliced: (8, 6, 8)
     e = rand((1, 6, 1), dtype, device, 3).expand(8, 6, 8)  # stride 0
     pred_base = rand((16,), torch.bool, device, 4)
-    pred = pred_base[::2]                              # non-contiguous prefix selector
+    pred = pred_base[::2]  # non-contiguous prefix selector
     for tv, fv in [(t, f), (f, t), (t, e), (e, f), (e, e)]:
         assert_same(select(pred, [tv], [fv]), ref_select(pred, [tv], [fv]))
     full_pred = rand((8, 12), torch.bool, device, 5)[:, ::2]  # (8, 6), strided
@@ -189,7 +195,11 @@ def test_zero_size_tensors(device):
     (out,) = select(pred, [t], [f])
     assert out.shape == (3, 0, 2) and out.device.type == device
     empty_pred = torch.zeros((0,), dtype=torch.bool, device=device)
-    outs = select(empty_pred, [torch.ones(0, 4, device=device), torch.ones(0, device=device)], [torch.zeros(0, 4, device=device), torch.zeros(0, device=device)])
+    outs = select(
+        empty_pred,
+        [torch.ones(0, 4, device=device), torch.ones(0, device=device)],
+        [torch.zeros(0, 4, device=device), torch.zeros(0, device=device)],
+    )
     assert [o.shape for o in outs] == [(0, 4), (0,)]
     # an empty output next to a non-empty one
     a, b = rand((3, 4), torch.float32, device, 1), rand((3, 4), torch.float32, device, 2)
@@ -240,7 +250,10 @@ def test_large_rows_and_threads_cover_every_element():
     # an odd itemsize boundary inside the range split between threads
     t = rand((3, 1_000_003), torch.complex128, seed=1)
     f = rand((3, 1_000_003), torch.complex128, seed=2)
-    assert_same(select(torch.tensor([False, True, False]), [t], [f]), ref_select(torch.tensor([False, True, False]), [t], [f]))
+    assert_same(
+        select(torch.tensor([False, True, False]), [t], [f]),
+        ref_select(torch.tensor([False, True, False]), [t], [f]),
+    )
 
 
 def test_misaligned_data_pointers():
@@ -265,7 +278,7 @@ def test_unselected_side_is_never_seen(device):
     good = rand((5, 300), torch.float32, device, 1)
     bad = torch.full((5, 300), float("nan"), device=device)
     bad[:, ::2] = float("inf")
-    t = torch.where(broadcast_sel(pred, good), good, bad)   # garbage where not selected
+    t = torch.where(broadcast_sel(pred, good), good, bad)  # garbage where not selected
     f = torch.where(broadcast_sel(pred, good), bad, good)
     (out,) = select(pred, [t], [f])
     assert torch.equal(out, good)
@@ -323,23 +336,41 @@ def test_errors_name_the_argument():
     pred = torch.tensor([True, False, True])
     with pytest.raises(CondArgumentError, match=r"true_values has 2 tensors, false_values has 1"):
         select(pred, [t, t], [f])
-    with pytest.raises(CondArgumentError, match=r"false_values\[0\]: expected shape \(3, 4\), torch.float32 on cpu \(as true_values\[0\]\), found shape \(3, 5\)"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"false_values\[0\]: expected shape \(3, 4\), torch.float32 on cpu \(as true_values\[0\]\), found shape \(3, 5\)",
+    ):
         select(pred, [t], [torch.ones(3, 5)])
-    with pytest.raises(CondArgumentError, match=r"false_values\[0\]: expected .* found shape \(3, 4\), torch.float64"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"false_values\[0\]: expected .* found shape \(3, 4\), torch.float64",
+    ):
         select(pred, [t], [f.double()])
-    with pytest.raises(CondArgumentError, match=r"pred: expected dtype torch.bool, found torch.int64"):
+    with pytest.raises(
+        CondArgumentError, match=r"pred: expected dtype torch.bool, found torch.int64"
+    ):
         select(torch.tensor([1, 0, 1]), [t], [f])
-    with pytest.raises(CondArgumentError, match=r"pred: expected a 0-d tensor or one whose shape is a prefix .* \(4,\) is not a prefix of true_values\[0\]'s shape \(3, 4\)"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"pred: expected a 0-d tensor or one whose shape is a prefix .* \(4,\) is not a prefix of true_values\[0\]'s shape \(3, 4\)",
+    ):
         select(torch.tensor([True, False, True, True]), [t], [f])
     with pytest.raises(CondArgumentError, match=r"pred: expected a tensor, found bool"):
         select(True, [t], [f])
     with pytest.raises(CondArgumentError, match=r"true_values\[0\]: expected a tensor, found list"):
         select(pred, [[1.0]], [f])
-    with pytest.raises(CondArgumentError, match=r"pred: expected a tensor on meta .* or a 0-d CPU tensor, found shape \(3,\) on cpu"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"pred: expected a tensor on meta .* or a 0-d CPU tensor, found shape \(3,\) on cpu",
+    ):
         select(pred, [t.to("meta")], [f.to("meta")])
-    with pytest.raises(CondArgumentError, match=r"index: expected an integer dtype, found torch.float32"):
+    with pytest.raises(
+        CondArgumentError, match=r"index: expected an integer dtype, found torch.float32"
+    ):
         select_n(torch.tensor(1.0), [[t], [f]])
-    with pytest.raises(CondArgumentError, match=r"index: expected an integer dtype, found torch.bool"):
+    with pytest.raises(
+        CondArgumentError, match=r"index: expected an integer dtype, found torch.bool"
+    ):
         select_n(torch.tensor(True), [[t], [f]])
     with pytest.raises(CondArgumentError, match=r"cases: expected at least one branch's outputs"):
         select_n(torch.tensor(1), [])
@@ -353,53 +384,99 @@ def test_a_lone_tensor_or_none_where_a_list_belongs_is_refused():
     # Iterating a tensor would treat its rows as outputs and select along columns.
     t, f = torch.zeros(3, 4), torch.ones(3, 4)
     pred = torch.tensor([True, False, True])
-    with pytest.raises(CondArgumentError, match=r"select: argument 'true_values' must be a list or tuple of tensors .* found a tensor of shape \(3, 4\)\. Pass \[tensor\]"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"select: argument 'true_values' must be a list or tuple of tensors .* found a tensor of shape \(3, 4\)\. Pass \[tensor\]",
+    ):
         select(pred, t, f)
-    with pytest.raises(CondArgumentError, match=r"select: argument 'false_values' must be a list or tuple .* found a tensor"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"select: argument 'false_values' must be a list or tuple .* found a tensor",
+    ):
         select(pred, [t], f)
-    with pytest.raises(CondArgumentError, match=r"select: argument 'true_values' must be a list or tuple .* found NoneType"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"select: argument 'true_values' must be a list or tuple .* found NoneType",
+    ):
         select(pred, None, [f])
-    with pytest.raises(CondArgumentError, match=r"select_n: argument 'cases' must be a list with one list of tensors per branch; found a tensor of shape \(3, 4\)"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"select_n: argument 'cases' must be a list with one list of tensors per branch; found a tensor of shape \(3, 4\)",
+    ):
         select_n(torch.tensor(0), t)
-    with pytest.raises(CondArgumentError, match=r"select_n: argument 'cases\[1\]' must be a list or tuple .* found a tensor"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"select_n: argument 'cases\[1\]' must be a list or tuple .* found a tensor",
+    ):
         select_n(torch.tensor(0), [[t], f])
-    with pytest.raises(CondArgumentError, match=r"select_n: argument 'cases\[0\]' must be a list or tuple .* found NoneType"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"select_n: argument 'cases\[0\]' must be a list or tuple .* found NoneType",
+    ):
         select_n(torch.tensor(0), [None, [f]])
 
 
 def test_sparse_values_and_selectors_get_a_torchcond_message():
     t = torch.eye(3)
-    with pytest.raises(CondArgumentError, match=r"true_values\[0\]: expected a dense \(torch.strided\) tensor, found layout torch.sparse_coo"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"true_values\[0\]: expected a dense \(torch.strided\) tensor, found layout torch.sparse_coo",
+    ):
         select(torch.tensor(True), [t.to_sparse()], [t.to_sparse()])
-    with pytest.raises(CondArgumentError, match=r"pred: expected a dense .* found layout torch.sparse_coo"):
+    with pytest.raises(
+        CondArgumentError, match=r"pred: expected a dense .* found layout torch.sparse_coo"
+    ):
         select(torch.tensor([True, False, True]).to_sparse(), [t], [t])
-    with pytest.raises(CondArgumentError, match=r"cases\[0\]\[0\]: expected a dense .* found layout torch.sparse_coo"):
+    with pytest.raises(
+        CondArgumentError,
+        match=r"cases\[0\]\[0\]: expected a dense .* found layout torch.sparse_coo",
+    ):
         select_n(torch.tensor(1), [[t.to_sparse()], [t.to_sparse()]])
 
 
 def test_operator_errors_name_the_argument():
     t, f = torch.zeros(3, 4), torch.ones(3, 4)
     pred = torch.tensor([True, False, True])
-    with pytest.raises(ValueError, match=r"torchcond::select: true_values has 1 tensors, false_values has 2"):
+    with pytest.raises(
+        ValueError, match=r"torchcond::select: true_values has 1 tensors, false_values has 2"
+    ):
         OPS.select(pred, [t], [f, f])
-    with pytest.raises(TypeError, match=r"torchcond::select: pred: expected dtype torch.bool, found torch.int32"):
+    with pytest.raises(
+        TypeError, match=r"torchcond::select: pred: expected dtype torch.bool, found torch.int32"
+    ):
         OPS.select(pred.int(), [t], [f])
-    with pytest.raises(ValueError, match=r"false_values\[0\]: expected shape \(3, 4\), torch.float32 on cpu \(as true_values\[0\]\), found shape \(3, 4\), torch.float64 on cpu"):
+    with pytest.raises(
+        ValueError,
+        match=r"false_values\[0\]: expected shape \(3, 4\), torch.float32 on cpu \(as true_values\[0\]\), found shape \(3, 4\), torch.float64 on cpu",
+    ):
         OPS.select(pred, [t], [f.double()])
-    with pytest.raises(ValueError, match=r"pred: expected a 0-d tensor or one whose shape is a prefix .* \(3,\) is not a prefix of the shape \(4, 3\) of true_values\[0\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"pred: expected a 0-d tensor or one whose shape is a prefix .* \(3,\) is not a prefix of the shape \(4, 3\) of true_values\[0\]",
+    ):
         OPS.select(pred, [t.T], [f.T])
     with pytest.raises(ValueError, match=r"num_branches: expected at least 1, found 0"):
         OPS.select_n(torch.tensor(0), [], 0)
-    with pytest.raises(ValueError, match=r"cases: expected a multiple of num_branches \(2\) tensors.* found 3"):
+    with pytest.raises(
+        ValueError, match=r"cases: expected a multiple of num_branches \(2\) tensors.* found 3"
+    ):
         OPS.select_n(torch.tensor(0), [t, f, t], 2)
     with pytest.raises(TypeError, match=r"index: expected an integer dtype .* found torch.float32"):
         OPS.select_n(torch.tensor(0.0), [t, f], 2)
-    with pytest.raises(ValueError, match=r"cases\[3\] \(branch 1, output 1\): expected shape \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"cases\[3\] \(branch 1, output 1\): expected shape \(3,\)"
+    ):
         OPS.select_n(torch.tensor(0), [t, torch.ones(3), f, torch.ones(4)], 2)
     # mixed with meta tensors, the call reaches the fake kernel, which checks devices too
-    with pytest.raises((ValueError, TypeError), match=r"true_values\[1\]: expected a tensor on cpu \(the device of true_values\[0\]; every value must be on one device\), found one on meta"):
+    with pytest.raises(
+        (ValueError, TypeError),
+        match=r"true_values\[1\]: expected a tensor on cpu \(the device of true_values\[0\]; every value must be on one device\), found one on meta",
+    ):
         OPS.select(torch.tensor(True), [t, t.to("meta")], [f, f.to("meta")])
-    with pytest.raises((ValueError, TypeError), match=r"index: expected a tensor on meta .* or a 0-d CPU tensor, found one of shape \(3,\) on cpu"):
+    with pytest.raises(
+        (ValueError, TypeError),
+        match=r"index: expected a tensor on meta .* or a 0-d CPU tensor, found one of shape \(3,\) on cpu",
+    ):
         OPS.select_n(torch.tensor([0, 1, 0]), [t.to("meta"), f.to("meta")], 2)
 
 
@@ -432,7 +509,11 @@ def test_fake_and_meta_outputs_are_contiguous_and_shaped_like_the_values():
 
     with FakeTensorMode():
         t = torch.empty(5, 3).T
-        outs = OPS.select(torch.empty(3, dtype=torch.bool), [t, torch.empty(3, 2, dtype=torch.int8)], [t, torch.empty(3, 2, dtype=torch.int8)])
+        outs = OPS.select(
+            torch.empty(3, dtype=torch.bool),
+            [t, torch.empty(3, 2, dtype=torch.int8)],
+            [t, torch.empty(3, 2, dtype=torch.int8)],
+        )
     assert [tuple(o.shape) for o in outs] == [(3, 5), (3, 2)]
     assert all(o.is_contiguous() for o in outs) and outs[1].dtype is torch.int8
     m = torch.empty(4, 2, device="meta")
@@ -448,7 +529,9 @@ def test_traced_graph_holds_the_operators():
         b = select_n(i, [[x], [y], [a]])[0]
         return a + b
 
-    gm = make_fx(f, tracing_mode="symbolic")(torch.tensor([True, False]), torch.tensor(2), torch.randn(2, 3), torch.randn(2, 3))
+    gm = make_fx(f, tracing_mode="symbolic")(
+        torch.tensor([True, False]), torch.tensor(2), torch.randn(2, 3), torch.randn(2, 3)
+    )
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert OPS.select.default in targets and OPS.select_n.default in targets
     args = (torch.tensor([False, True]), torch.tensor(1), torch.randn(2, 3), torch.randn(2, 3))
@@ -463,7 +546,9 @@ def test_torch_compile_fullgraph_and_export():
     args = (torch.tensor([True, False]), torch.tensor(1), torch.randn(2, 3), torch.randn(2, 3))
     assert torch.equal(torch.compile(f, backend="eager", fullgraph=True)(*args), f(*args))
     x = torch.randn(2, 3, requires_grad=True)
-    g = torch.compile(lambda p, x, y: select(p, [x], [y])[0].sum(), backend="aot_eager", fullgraph=True)
+    g = torch.compile(
+        lambda p, x, y: select(p, [x], [y])[0].sum(), backend="aot_eager", fullgraph=True
+    )
     g(args[0], x, args[3]).backward()
     assert torch.equal(x.grad, torch.tensor([[1.0] * 3, [0.0] * 3]))
 
@@ -473,7 +558,9 @@ def test_torch_compile_fullgraph_and_export():
 
     ep = torch.export.export(M(), (args[0], args[2], args[3]))
     assert OPS.select.default in {n.target for n in ep.graph.nodes if n.op == "call_function"}
-    assert torch.equal(ep.module()(args[0], args[2], args[3]), torch.where(args[0][:, None], args[2], args[3]))
+    assert torch.equal(
+        ep.module()(args[0], args[2], args[3]), torch.where(args[0][:, None], args[2], args[3])
+    )
 
 
 def test_gradcheck_select():
@@ -500,7 +587,7 @@ def test_outputs_without_gradient_and_integer_outputs():
     pred = torch.tensor([True, False])
     t = torch.randn(2, 3, requires_grad=True)
     ints = torch.arange(6).reshape(2, 3)
-    a, b, c = select(pred, [t, ints, t], [t.detach(), ints, t * 3])
+    a, b, _c = select(pred, [t, ints, t], [t.detach(), ints, t * 3])
     assert b.dtype is torch.int64 and not b.requires_grad
     (g,) = torch.autograd.grad(a.sum(), t)  # c gets no gradient
     assert torch.equal(g, torch.tensor([[1.0] * 3, [0.0] * 3]))
@@ -518,10 +605,14 @@ def test_forward_mode_ad_and_torch_func():
         xd = fwAD.make_dual(x, dx)
         out = select_n(torch.tensor([1, 0, 2]), [[xd], [y], [xd * 2]])[0]
         tangent = fwAD.unpack_dual(out).tangent
-    assert torch.equal(tangent, torch.stack([torch.zeros(4, dtype=torch.float64), dx[1], 2 * dx[2]]))
+    assert torch.equal(
+        tangent, torch.stack([torch.zeros(4, dtype=torch.float64), dx[1], 2 * dx[2]])
+    )
     g = torch.func.grad(lambda a: select(pred, [a**2], [a * 3])[0].sum())(x)
     assert torch.allclose(g, torch.where(pred[:, None], 2 * x, torch.full_like(x, 3.0)))
-    h = torch.func.hessian(lambda a: select_n(torch.tensor([0, 1, 2]), [[a**2], [a**3], [a]])[0].sum())(torch.ones(3, dtype=torch.float64))
+    h = torch.func.hessian(
+        lambda a: select_n(torch.tensor([0, 1, 2]), [[a**2], [a**3], [a]])[0].sum()
+    )(torch.ones(3, dtype=torch.float64))
     assert torch.equal(h, torch.diag(torch.tensor([2.0, 6.0, 0.0], dtype=torch.float64)))
 
 
@@ -555,7 +646,9 @@ def test_vmap_unbatched_outputs_stay_unbatched_and_select_n():
     B = 3
     p1 = torch.tensor([True, False])
     xs, a, b = rand((B, 2, 4), seed=1), rand((2, 4), seed=2), rand((2, 4), seed=3)
-    out_batched, out_plain = torch.vmap(lambda x: tuple(select(p1, [x, a], [x * 0, b])), in_dims=0)(xs)
+    out_batched, out_plain = torch.vmap(lambda x: tuple(select(p1, [x, a], [x * 0, b])), in_dims=0)(
+        xs
+    )
     assert out_batched.shape == (B, 2, 4) and out_plain.shape == (B, 2, 4)
     assert torch.equal(out_plain[1], ref_select(p1, [a], [b])[0])
     idx = torch.tensor([[0, 2], [1, 9], [-4, 1]])
@@ -580,7 +673,9 @@ def test_nested_vmap():
     out = torch.vmap(torch.vmap(lambda i, x: select_n(i, [[x], [-x], [x + 1]])[0]))(idx, xs)
     stack = torch.stack([xs, -xs, xs + 1])
     c = idx.clamp(0, 2)
-    assert torch.equal(out, torch.gather(stack, 0, c[None, :, :, None, None].expand(1, 2, 3, 4, 5))[0])
+    assert torch.equal(
+        out, torch.gather(stack, 0, c[None, :, :, None, None].expand(1, 2, 3, 4, 5))[0]
+    )
 
 
 def test_vmap_of_grad_is_per_example():
@@ -601,11 +696,11 @@ def test_vmap_of_grad_is_per_example():
 @pytest.mark.parametrize(
     "shape, pred_shape",
     [
-        ((7, 300), (7,)),          # line mode, rows of 1200 B (float32)
-        ((5, 40), (5,)),           # short rows: element mode
-        ((3, 4, 5), (3, 4, 5)),    # selector varies along the innermost dim
-        ((9000,), ()),             # 0-d selector, several tiles
-        ((2, 5000), (2,)),         # long lines split into tiles
+        ((7, 300), (7,)),  # line mode, rows of 1200 B (float32)
+        ((5, 40), (5,)),  # short rows: element mode
+        ((3, 4, 5), (3, 4, 5)),  # selector varies along the innermost dim
+        ((9000,), ()),  # 0-d selector, several tiles
+        ((2, 5000), (2,)),  # long lines split into tiles
     ],
 )
 def test_emulated_cuda_kernel_matches_where(dtype, shape, pred_shape):
@@ -618,13 +713,18 @@ def test_emulated_cuda_kernel_matches_where(dtype, shape, pred_shape):
 
 def test_emulated_cuda_kernel_strided_and_expanded():
     base = rand((40, 30, 3), torch.float64, seed=1)
-    t = base[:, ::2, 1]                                    # (40, 15), strided
-    f = rand((15, 40), torch.float64, seed=2).T            # transposed
+    t = base[:, ::2, 1]  # (40, 15), strided
+    f = rand((15, 40), torch.float64, seed=2).T  # transposed
     e = torch.tensor(7.0, dtype=torch.float64).expand(40, 15)
-    for pred in [rand((40,), torch.bool, seed=3), rand((80,), torch.bool, seed=4)[::2], torch.tensor(True), rand((40, 15), torch.bool, seed=5)]:
+    for pred in [
+        rand((40,), torch.bool, seed=3),
+        rand((80,), torch.bool, seed=4)[::2],
+        torch.tensor(True),
+        rand((40, 15), torch.bool, seed=5),
+    ]:
         outs, _ = emulated_select(pred, [t, e, f], [f, t, e])
         assert_same(outs, ref_select(pred, [t, e, f], [f, t, e]))
-    long_t = rand((4, 2000, 3), seed=6)[:, :, 0]           # long strided lines (line mode, strided copy)
+    long_t = rand((4, 2000, 3), seed=6)[:, :, 0]  # long strided lines (line mode, strided copy)
     long_f = rand((4, 2000), seed=7)
     pred = torch.tensor([True, False, False, True])
     outs, _ = emulated_select(pred, [long_t, long_f], [long_f, long_t])
@@ -660,7 +760,9 @@ def test_emulated_cuda_kernel_index_dtypes_and_cpu_scalar_selector():
 
 def test_emulated_cuda_kernel_misaligned_and_zero_size():
     buf = bytearray(8 * 3001)
-    t = torch.frombuffer(buf, dtype=torch.float64, offset=4, count=3000).view(3, 1000)  # 4-byte aligned
+    t = torch.frombuffer(buf, dtype=torch.float64, offset=4, count=3000).view(
+        3, 1000
+    )  # 4-byte aligned
     t.copy_(torch.arange(3000.0, dtype=torch.float64).view(3, 1000))
     f = rand((3, 1000), torch.float64, seed=1)
     pred = torch.tensor([True, False, True])
@@ -704,7 +806,9 @@ def assert_chunks_equal(out, expected_fn):
 def test_more_than_2_31_elements(device):
     need = 3 * BIG_NUMEL + (1 << 30)  # true, false, output (int8) + slack
     if device == "cpu" and _available_memory_bytes() < need:
-        pytest.skip(f"needs {need / 2**30:.1f} GiB of free memory, {_available_memory_bytes() / 2**30:.1f} GiB available")
+        pytest.skip(
+            f"needs {need / 2**30:.1f} GiB of free memory, {_available_memory_bytes() / 2**30:.1f} GiB available"
+        )
     if device == "cuda" and torch.cuda.mem_get_info()[0] < need:
         pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory")
     rows = 4
@@ -744,7 +848,9 @@ def test_more_than_2_31_elements(device):
 def test_more_than_2_31_elements_with_an_elementwise_index(device):
     need = 4 * BIG_NUMEL + (1 << 30)  # index, two cases, output (one byte each) + slack
     if device == "cpu" and _available_memory_bytes() < need:
-        pytest.skip(f"needs {need / 2**30:.1f} GiB of free memory, {_available_memory_bytes() / 2**30:.1f} GiB available")
+        pytest.skip(
+            f"needs {need / 2**30:.1f} GiB of free memory, {_available_memory_bytes() / 2**30:.1f} GiB available"
+        )
     if device == "cuda" and torch.cuda.mem_get_info()[0] < need:
         pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory")
     a = torch.ones(BIG_NUMEL, dtype=torch.int8, device=device)
@@ -835,7 +941,9 @@ def test_cuda_gradients_and_opcheck():
     f = torch.randn(3, 4, dtype=torch.float64, device="cuda", requires_grad=True)
     assert torch.autograd.gradcheck(lambda t, f: tuple(select(pred, [t], [f])), (t, f))
     torch.library.opcheck(OPS.select.default, (pred, [t], [f]))
-    torch.library.opcheck(OPS.select_n.default, (torch.tensor([2, 0, 1], device="cuda"), [t, f, t], 3))
+    torch.library.opcheck(
+        OPS.select_n.default, (torch.tensor([2, 0, 1], device="cuda"), [t, f, t], 3)
+    )
 
 
 @pytest.mark.parametrize(
@@ -854,4 +962,6 @@ def test_forward_over_reverse(fn):
     a = torch.randn(3, dtype=torch.float64, requires_grad=True)
     p = torch.tensor([True, False, True])
     assert torch.autograd.gradgradcheck(lambda a: fn(p, a), (a,), check_fwd_over_rev=True)
-    assert torch.autograd.gradcheck(lambda a: fn(p, a), (a,), check_forward_ad=True, check_backward_ad=True)
+    assert torch.autograd.gradcheck(
+        lambda a: fn(p, a), (a,), check_forward_ad=True, check_backward_ad=True
+    )

@@ -6,9 +6,9 @@ import expecttest
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from helpers import count_nodes, readable
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from helpers import count_nodes, readable
 from torchcond import cond, switch
 
 
@@ -133,7 +133,7 @@ def test_one_node_per_call_and_matches_eager(mode):
     assert count_nodes(gm, "torchcond_cond") == 1
     assert count_nodes(gm, "torchcond_switch") == 1
     for sign in (1, -1):
-        new = (sign * x.abs(), torch.randn(5)) + args[2:]
+        new = (sign * x.abs(), torch.randn(5), *args[2:])
         torch.testing.assert_close(gm(*new), f(*new))
 
 
@@ -175,7 +175,9 @@ def test_nested_closures_lift_through_every_level():
         return cond(x.sum() > 0, outer_true, lambda x: x, (x,))
 
     gm = symbolic(f, torch.randn(3), torch.randn(3))
-    top = [n for n in gm.graph.nodes if n.op == "call_function" and "torchcond" in str(n.target)][0]
+    top = next(
+        n for n in gm.graph.nodes if n.op == "call_function" and "torchcond" in str(n.target)
+    )
     assert [a.name for a in top.args[3]] == ["x_1", "p_1"]
     p = torch.randn(3)
     for x in (torch.ones(3), torch.tensor([2.0, -3.0, 0.5]), -torch.ones(3)):
@@ -190,7 +192,11 @@ def test_stack_traces_point_at_branch_code():
         return cond(x.sum() > 0, true_branch, lambda x: x.sin(), (x,))
 
     gm = make_fx(f, tracing_mode="symbolic", record_stack_traces=True)(torch.randn(3))
-    traces = [n.meta.get("stack_trace", "") for n in gm.true_graph_0.graph.nodes if n.op == "call_function"]
+    traces = [
+        n.meta.get("stack_trace", "")
+        for n in gm.true_graph_0.graph.nodes
+        if n.op == "call_function"
+    ]
     assert traces and all("the true branch's line" in t for t in traces), traces
     text = gm.true_graph_0.print_readable(print_output=False)
     assert re.search(r"# File: .*test_tracing.py:\d+ in true_branch", text)
@@ -201,7 +207,7 @@ def test_differing_sizes_become_an_unbacked_size_with_a_range():
         return cond(x.sum() > 0, lambda x: x[:2], lambda x: torch.cat([x, x]), (x,))
 
     gm = symbolic(f, torch.randn(5, 3))
-    out = [n for n in gm.graph.nodes if n.name == "getitem"][0].meta["val"]
+    out = next(n for n in gm.graph.nodes if n.name == "getitem").meta["val"]
     size = out.shape[0]
     assert isinstance(size, torch.SymInt) and str(size).startswith("u")
     shape_env = size.node.shape_env
@@ -229,7 +235,10 @@ def test_identity_and_view_outputs_do_not_alias_inputs():
     gm = symbolic(f, torch.randn(3, 2))
     x = torch.ones(3, 2)
     a, b = gm(x)
-    assert a.data_ptr() != x.data_ptr() and b.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert (
+        a.data_ptr() != x.data_ptr()
+        and b.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    )
     torch.testing.assert_close((a, b), (x, x[0]))
 
 
@@ -281,8 +290,14 @@ def test_python_bool_predicate_inlines_the_branch():
 
 
 def test_non_bool_tensor_predicate_is_normalized():
-    gm = symbolic(lambda p, x: cond(p, lambda x: x + 1, lambda x: x - 1, (x,)), torch.tensor([2.5]), torch.zeros(2))
-    node = [n for n in gm.graph.nodes if n.op == "call_function" and "torchcond" in str(n.target)][0]
+    gm = symbolic(
+        lambda p, x: cond(p, lambda x: x + 1, lambda x: x - 1, (x,)),
+        torch.tensor([2.5]),
+        torch.zeros(2),
+    )
+    node = next(
+        n for n in gm.graph.nodes if n.op == "call_function" and "torchcond" in str(n.target)
+    )
     assert node.args[0].meta["val"].dtype == torch.bool and node.args[0].meta["val"].dim() == 0
     torch.testing.assert_close(gm(torch.tensor([0.0]), torch.zeros(2)), -torch.ones(2))
     torch.testing.assert_close(gm(torch.tensor([-3.0]), torch.zeros(2)), torch.ones(2))
@@ -379,7 +394,10 @@ def test_none_against_a_tensor_is_a_structure_mismatch(mode):
     def fn(x):
         return cond(x.sum() > 0, lambda x: (None, x + 1), lambda x: (x, x - 1), (x,))
 
-    with pytest.raises(Exception, match="(true_fn returns \\(None, Tensor\\), false_fn returns \\(Tensor, Tensor\\)|different pytree structures)"):
+    with pytest.raises(
+        Exception,
+        match=r"(true_fn returns \(None, Tensor\), false_fn returns \(Tensor, Tensor\)|different pytree structures)",
+    ):
         _none_output_modes()[mode](fn)(torch.ones(3))
 
 
@@ -437,5 +455,7 @@ def test_legacy_cpp_functionalization(mode):
     for branch in (gm.true_graph_0, gm.false_graph_0):
         targets = {n.target for n in branch.graph.nodes if n.op == "call_function"}
         assert torch.ops.aten.add_.Tensor not in targets
-        assert not [n for n in branch.graph.nodes if n.op == "get_attr"]  # no constant stands in for the output
+        assert not [
+            n for n in branch.graph.nodes if n.op == "get_attr"
+        ]  # no constant stands in for the output
         assert len(branch.graph.find_nodes(op="placeholder")) == 1  # x, not x twice

@@ -1,9 +1,13 @@
 """Structured conditionals for PyTorch: ``cond`` and ``switch`` as higher-order operators."""
 
-from . import _compat  # noqa: F401  (checks the torch version first)
-from . import _extension
+from . import (
+    _compat,  # noqa: F401  (checks the torch version first)
+    _extension,
+)
 
 _extension.load()  # torchcond._C, after checking it was built for this torch
+from . import passes  # torchcond.passes.lower_to_select
+from ._version import __version__
 from .api import cond, switch
 from .errors import (
     BranchMismatchError,
@@ -14,8 +18,6 @@ from .errors import (
 )
 from .fused_select import select, select_n
 from .ops import cond_op, switch_op
-from . import passes  # noqa: E402  (torchcond.passes.lower_to_select)
-from ._version import __version__
 
 __all__ = [
     "BranchMismatchError",
@@ -23,6 +25,7 @@ __all__ = [
     "CondArgumentError",
     "CondError",
     "UnsupportedCondError",
+    "__version__",
     "cond",
     "cond_op",
     "passes",

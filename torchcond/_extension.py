@@ -85,4 +85,3 @@ def load() -> None:
             RuntimeWarning,
             stacklevel=3,
         )
-

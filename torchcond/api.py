@@ -15,9 +15,9 @@ import torch
 
 from . import _compat
 from ._compat import pytree
+from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .errors import CondArgumentError
 from .forms import clamp_index, host_index, is_concrete, switch_branch_of
-from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .ops import cond_op, form_of, switch_op
 from .tracing import FlatBranch, raise_if_arity_error, recorded_spec
 
@@ -100,7 +100,9 @@ def cond(
         try:
             return true_fn(*operands) if taken else false_fn(*operands)
         except TypeError as error:  # free when nothing is raised
-            raise_if_arity_error(error, *((true_fn, "true_fn") if taken else (false_fn, "false_fn")), operands)
+            raise_if_arity_error(
+                error, *((true_fn, "true_fn") if taken else (false_fn, "false_fn")), operands
+            )
             raise
     return _cond_slow(pred, true_fn, false_fn, operands, strategy, check_branches)
 
@@ -242,7 +244,9 @@ def _check_every_branch(op, labelled_branches, operands) -> None:
     selector = torch.zeros((), dtype=torch.bool if op is cond_op else torch.int64)
 
     def call(selector, *flat):
-        return _call_operator(op, selector, labelled_branches, pytree.tree_unflatten(list(flat), spec))
+        return _call_operator(
+            op, selector, labelled_branches, pytree.tree_unflatten(list(flat), spec)
+        )
 
     _compat.trace_as_export_would(call, (selector, *flat))
 
@@ -408,8 +412,7 @@ def _check_branch_list(branches) -> list:
         )
     if not branches:
         raise CondArgumentError(
-            "switch: argument 'branches' must hold at least one callable; found an "
-            "empty sequence"
+            "switch: argument 'branches' must hold at least one callable; found an empty sequence"
         )
     _check_branches(branches, [f"branches[{i}]" for i in range(len(branches))])
     return list(branches)

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import _compat, closures
-from .closures import closure_free
 from .batching import map_conditional
+from .closures import closure_free
 from .forms import Form, is_concrete
 
 # --- the Autograd-key rule -----------------------------------------------------------
@@ -89,9 +89,7 @@ class Conditional(torch.autograd.Function):
     def backward(ctx, *cotangents):
         selector, primals = _saved(ctx)
         need = [i for i in range(ctx.n_operands) if ctx.needs_input_grad[3 + i]]
-        present = [
-            j for j, g in enumerate(cotangents) if g is not None and ctx.differentiable[j]
-        ]
+        present = [j for j, g in enumerate(cotangents) if g is not None and ctx.differentiable[j]]
         grads: list = [None] * ctx.n_operands
         if need and present:
             given = [cotangents[j] for j in present]
@@ -107,8 +105,14 @@ class Conditional(torch.autograd.Function):
         # torch.func's jacrev/hessian vmap the backward over basis cotangents, and
         # per-example gradients vmap it over a batched selector.
         out = map_conditional(
-            form, selector, in_dims[1], branches, operands, in_dims[3:],
-            info.batch_size, info.randomness,
+            form,
+            selector,
+            in_dims[1],
+            branches,
+            operands,
+            in_dims[3:],
+            info.batch_size,
+            info.randomness,
         )
         return out, (0,) * len(out)
 
@@ -173,11 +177,7 @@ def _vjp_of(branch: Callable, n: int, need: Sequence[int], present: Sequence[int
         for i in need:
             primals[i].requires_grad_(True)
         outputs = _run_marking_stop_gradients(branch, primals)
-        pairs = [
-            (outputs[j], g)
-            for j, g in zip(present, cotangents)
-            if outputs[j].requires_grad
-        ]
+        pairs = [(outputs[j], g) for j, g in zip(present, cotangents) if outputs[j].requires_grad]
         wrt = [primals[i] for i in need]
         if pairs:
             grads = torch.autograd.grad(

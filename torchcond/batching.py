@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat, fused_select as select
+from . import _compat
+from . import fused_select as select
 from .errors import BranchMismatchError
 from .forms import Form
 from .tracing import SpecCarrier, checked_output_paths, operand_paths
@@ -40,7 +41,9 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
         labels = form.labels(len(branches))
         which, first, outputs = run_every_branch(form, selector, branches, operands, labels)
         size = interpreter.batch_size()
-        which, first = (_batch_first(t, level, size) if t is not None else None for t in (which, first))
+        which, first = (
+            _batch_first(t, level, size) if t is not None else None for t in (which, first)
+        )
         outputs = [[_batch_first(t, level, size) for t in outs] for outs in outputs]
         with interpreter.lower():
             out = select_outputs(which, first, outputs)
@@ -49,8 +52,14 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
     selector, selector_dim = _compat.unbatch(selector, level)
     with interpreter.lower():
         out = map_conditional(
-            form, selector, selector_dim, branches, tensors, in_dims,
-            interpreter.batch_size(), interpreter.randomness(),
+            form,
+            selector,
+            selector_dim,
+            branches,
+            tensors,
+            in_dims,
+            interpreter.batch_size(),
+            interpreter.randomness(),
         )
     return tuple(_compat.batch(t, 0, level) for t in out)
 
@@ -103,7 +112,9 @@ def run_all_and_select_batched(
     return run_all_and_select(form, selector, mapped, inputs, form.labels(len(branches)))
 
 
-def run_all_and_select(form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]) -> tuple:
+def run_all_and_select(
+    form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]
+) -> tuple:
     """Run every branch on ``operands``, then pick each output element on the device.
 
     ``selector``'s shape is a prefix of every operand's and output's shape (0-d: one
@@ -222,4 +233,3 @@ def _broadcast_batch(value, batch_size: int):
     if not isinstance(value, torch.Tensor):
         return value
     return value.expand(batch_size, *value.shape)
-

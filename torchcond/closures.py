@@ -108,9 +108,7 @@ def grad_closures(branches: Sequence[Callable], operands: tuple) -> list[torch.T
         for branch in branches:
             branch(*operands)
     given = {id(t) for t in operands}
-    return [
-        t for key, t in recorder.read.items() if key not in given and t.requires_grad
-    ]
+    return [t for key, t in recorder.read.items() if key not in given and t.requires_grad]
 
 
 class _Substitute(torch.overrides.TorchFunctionMode):

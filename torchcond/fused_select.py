@@ -66,7 +66,9 @@ if _HAVE_KERNELS:
 _OP_ERRORS = (RuntimeError, TypeError, ValueError, AttributeError, IndexError, NotImplementedError)
 
 
-def select(pred: torch.Tensor, true_values: Sequence[torch.Tensor], false_values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def select(
+    pred: torch.Tensor, true_values: Sequence[torch.Tensor], false_values: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
     """``[where(pred, t, f) for t, f in zip(true_values, false_values)]``, fused.
 
     ``pred``: a bool tensor, 0-d or shaped like a prefix of every value's shape.
@@ -78,7 +80,9 @@ def select(pred: torch.Tensor, true_values: Sequence[torch.Tensor], false_values
         try:
             return _select_eager(pred, true_values, false_values)
         except _OP_ERRORS:
-            _check_select(pred, true_values, false_values)  # raises CondArgumentError if it is the arguments
+            _check_select(
+                pred, true_values, false_values
+            )  # raises CondArgumentError if it is the arguments
             raise
     _check_select(pred, true_values, false_values)
     if not _HAVE_KERNELS:
@@ -92,7 +96,9 @@ def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> li
     ``index``: an integer tensor, 0-d or shaped like a prefix of every value's shape.
     """
     cases = _as_list(cases, "select_n", "cases", "a list with one list of tensors per branch")
-    cases = [_as_list(c, "select_n", f"cases[{k}]", _TENSORS, _ONE_OUTPUT) for k, c in enumerate(cases)]
+    cases = [
+        _as_list(c, "select_n", f"cases[{k}]", _TENSORS, _ONE_OUTPUT) for k, c in enumerate(cases)
+    ]
     if _HAVE_KERNELS and cases and not _compat.tracing():
         flat = [v for c in cases for v in c]
         if all(len(c) == len(cases[0]) for c in cases):
@@ -201,7 +207,9 @@ def _check_cases(sel, name, cases, labels) -> None:
     for label, values in zip(labels, cases):
         for i, (v, ref) in enumerate(zip(values, first)):
             if not isinstance(v, torch.Tensor):
-                raise CondArgumentError(f"{label}[{i}]: expected a tensor, found {type(v).__name__}")
+                raise CondArgumentError(
+                    f"{label}[{i}]: expected a tensor, found {type(v).__name__}"
+                )
             _check_strided(v, f"{label}[{i}]")
             if v.shape != ref.shape or v.dtype != ref.dtype or v.device != ref.device:
                 raise CondArgumentError(

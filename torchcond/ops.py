@@ -22,7 +22,16 @@ from ._compat import inductor as _compat_inductor
 from .autograd import autograd_rule, functorch_rule
 from .batching import run_all_and_select, vmap_rule
 from .errors import CondArgumentError
-from .forms import Form, clamp_index, cond_branch_of, host_index, is_concrete, pack, switch_branch_of, unpack
+from .forms import (
+    Form,
+    clamp_index,
+    cond_branch_of,
+    host_index,
+    is_concrete,
+    pack,
+    switch_branch_of,
+    unpack,
+)
 from .merge import merge_branch_outputs
 from .subgraph import output_values
 from .tracing import SpecCarrier, checked_output_paths, trace_branches
@@ -107,7 +116,9 @@ def form_of(op) -> Form:
 def _dense(form: Form, selector, branches, operands):
     """Real tensors: run the taken branch. Meta predicates cannot be read: merge all."""
     if isinstance(selector, torch.Tensor) and selector.device.type == "meta":
-        real = [t.device for t in operands if isinstance(t, torch.Tensor) and t.device.type != "meta"]
+        real = [
+            t.device for t in operands if isinstance(t, torch.Tensor) and t.device.type != "meta"
+        ]
         if real:
             raise CondArgumentError(
                 f"{form.op.name()}: the selector is a meta tensor, so no branch can be "
@@ -153,11 +164,12 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
 def _functionalize(form: Form, ctx, selector, branches, operands):
     """Branches run functionalized; a write to an input shows up as a copy_ and is refused."""
     inner_operands = ctx.unwrap_tensors(operands)
-    inner_selector = ctx.unwrap_tensors(selector) if isinstance(selector, torch.Tensor) else selector
+    inner_selector = (
+        ctx.unwrap_tensors(selector) if isinstance(selector, torch.Tensor) else selector
+    )
     with ctx.redispatch_to_next():
         functional = [
-            SpecCarrier(ctx.functionalize(_compat.run_with_interpreter(b)), b)
-            for b in branches
+            SpecCarrier(ctx.functionalize(_compat.run_with_interpreter(b)), b) for b in branches
         ]
         out = form.op(*pack(inner_selector, functional, inner_operands))
     return ctx.wrap_tensors(out)
@@ -178,7 +190,9 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
             # A selector per example of an outer vmap (per-example gradients): every
             # branch runs and a select picks, here, so the transform differentiates
             # plain ops, tensors the branches close over included.
-            return run_all_and_select(form, selector, branches, operands, form.labels(len(branches)))
+            return run_all_and_select(
+                form, selector, branches, operands, form.labels(len(branches))
+            )
         return functorch_rule(form, selector, branches, operands)
     return vmap_rule(form, interpreter, selector, branches, operands)
 

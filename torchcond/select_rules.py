@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from . import _compat
-from .forms import switch_branch_of
 from .errors import CondArgumentError
+from .forms import switch_branch_of
 
 _OPS = torch.ops.torchcond
 # The extension always defines both (ABI 2); a stale build falls back to torch.where.
@@ -152,7 +152,9 @@ def _select_n_reference(index, cases):
         out = cases[-1][i]
         for k in range(len(cases) - 2, -1, -1):
             out = torch.where(_expand_to(index == k, out), cases[k][i], out)
-        outs.append(out.contiguous() if len(cases) > 1 else out.clone(memory_format=torch.contiguous_format))
+        outs.append(
+            out.contiguous() if len(cases) > 1 else out.clone(memory_format=torch.contiguous_format)
+        )
     return outs
 
 
@@ -242,7 +244,9 @@ def _select_grads(pred, grads, need_true, need_false, select_fn):
 def _select_n_grads(index, grads, nb, need, select_n_fn):
     """Gradients of select_n's cases (flat, branch-major)."""
     n = len(grads)
-    pairs = [(k, i) for k in range(nb) for i in range(n) if grads[i] is not None and need[k * n + i]]
+    pairs = [
+        (k, i) for k in range(nb) for i in range(n) if grads[i] is not None and need[k * n + i]
+    ]
     result: list = [None] * (nb * n)
     if pairs:
         zeros = {i: _zeros(grads[i]) for _, i in pairs}
@@ -261,7 +265,9 @@ def _select_backward(ctx, grads):
     _, need_true, need_false = ctx.needs_input_grad
     # Through _select_differentiable, not the op: forward-over-reverse gives the
     # cotangents tangents, and only its autograd.Function has a jvp.
-    grad_true, grad_false = _select_grads(pred, grads, need_true, need_false, _select_differentiable)
+    grad_true, grad_false = _select_grads(
+        pred, grads, need_true, need_false, _select_differentiable
+    )
     return None, grad_true, grad_false
 
 
@@ -275,7 +281,11 @@ def _select_n_setup_context(ctx, inputs, output):
 def _select_n_backward(ctx, grads):
     (index,) = ctx.saved_tensors
     _, need, _ = ctx.needs_input_grad
-    return None, _select_n_grads(index, grads, ctx.num_branches, need, _select_n_differentiable), None
+    return (
+        None,
+        _select_n_grads(index, grads, ctx.num_branches, need, _select_n_differentiable),
+        None,
+    )
 
 
 def _to_front(value: torch.Tensor, bdim, batch_size: int) -> torch.Tensor:
@@ -308,7 +318,9 @@ def _vmap_calls(sel, sel_bdim, groups, batch_size):
     plain = [i for i, b in enumerate(is_batched) if not b]
     fronted = {i: [_to_front(v, d, batch_size) for v, d in groups[i]] for i in batched}
     if sel.dim() == 0:
-        values = [fronted[i] if is_batched[i] else [v for v, _ in groups[i]] for i in range(len(groups))]
+        values = [
+            fronted[i] if is_batched[i] else [v for v, _ in groups[i]] for i in range(len(groups))
+        ]
         return [(sel, list(range(len(groups))), values, is_batched)]
     calls = []
     if batched:
@@ -349,8 +361,7 @@ def _select_n_vmap(info, in_dims, index, cases, num_branches):
     index_bdim, case_bdims, _ = in_dims
     n = len(cases) // num_branches
     groups = [
-        [(cases[k * n + i], case_bdims[k * n + i]) for k in range(num_branches)]
-        for i in range(n)
+        [(cases[k * n + i], case_bdims[k * n + i]) for k in range(num_branches)] for i in range(n)
     ]
 
     def call(sel, values):

@@ -161,7 +161,9 @@ def recorded_spec(branches: Sequence[Callable]) -> pytree.TreeSpec | None:
     return next((s for s in branch_specs(branches) if s is not None), None)
 
 
-def checked_output_paths(branches: Sequence[Callable], labels: Sequence[str], count: int) -> list[str]:
+def checked_output_paths(
+    branches: Sequence[Callable], labels: Sequence[str], count: int
+) -> list[str]:
     """Names of the ``count`` flat outputs, once every branch agrees on the structure."""
     check_same_structure(branches, labels)
     return leaf_paths(recorded_spec(branches), count)
@@ -227,8 +229,10 @@ def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int)
     for key, value in lifted.items():
         node = mine.get(key)
         if node is None:
-            where = graph.inserting_after(anchor) if anchor else graph.inserting_before(
-                next(iter(graph.nodes))
+            where = (
+                graph.inserting_after(anchor)
+                if anchor
+                else graph.inserting_before(next(iter(graph.nodes)))
             )
             with where:
                 node = graph.placeholder("unused_lifted")

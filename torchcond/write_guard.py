@@ -26,7 +26,7 @@ from .errors import BranchMutationError
 from .subgraph import written_arguments
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _effects(op) -> tuple[bool, bool]:
     """Whether ``op`` writes to an argument, and whether its outputs are all fresh."""
     schema = _compat.schema_of(op)
@@ -35,7 +35,9 @@ def _effects(op) -> tuple[bool, bool]:
     return writes, fresh
 
 
-def refusing_outside_writes(label: str, operands: Sequence, operand_names: Callable[[], Sequence[str]]):
+def refusing_outside_writes(
+    label: str, operands: Sequence, operand_names: Callable[[], Sequence[str]]
+):
     """A context in which ``label``'s branch runs; see the module docstring.
 
     ``operand_names()`` names the operands, called only to word an error.
@@ -76,7 +78,11 @@ class _OutsideWriteGuard(_compat.TorchDispatchMode):
             for t, name in zip(self.operands, self.operand_names())
             if isinstance(t, torch.Tensor) and _storage_id(t) == target
         ]
-        what = f"its input {names[0]}" if names else f"a tensor from outside it (shape {tuple(value.shape)})"
+        what = (
+            f"its input {names[0]}"
+            if names
+            else f"a tensor from outside it (shape {tuple(value.shape)})"
+        )
         return BranchMutationError(
             f"{self.label} writes in place ({func}) to {what}, but every branch runs "
             "here, taken or not (strategy='select', or vmap with a per-example selector), "

@@ -27,14 +27,13 @@ def _torch_version() -> tuple[int, int]:
 TORCH_VERSION = _torch_version()
 if TORCH_VERSION < MIN_TORCH:
     raise ImportError(
-        f"torchcond needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; "
-        f"found torch {torch.__version__}"
+        f"torchcond needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; found torch {torch.__version__}"
     )
 if TORCH_VERSION > max(CHECKED_TORCH):
     import warnings
 
     warnings.warn(
-        f"torchcond was checked on torch {', '.join('%d.%d' % v for v in CHECKED_TORCH)}; "
+        f"torchcond was checked on torch {', '.join(f'{a}.{b}' for a, b in CHECKED_TORCH)}; "
         f"found torch {torch.__version__}. The private torch APIs it uses (all in "
         "torchcond/_compat) may have moved.",
         RuntimeWarning,
@@ -45,6 +44,9 @@ if TORCH_VERSION > max(CHECKED_TORCH):
 
 import torch.utils._pytree as pytree  # noqa: E402  (no public pytree module on 2.11-2.14)
 from torch._C import DispatchKey  # noqa: E402
+from torch._higher_order_ops.utils import (  # noqa: E402
+    _maybe_run_with_interpreter as run_with_interpreter,
+)
 from torch._ops import HigherOrderOperator, OpOverload  # noqa: E402
 from torch._subclasses import fake_tensor as _fake_tensor  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
@@ -58,23 +60,19 @@ from torch.fx.experimental.proxy_tensor import (  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from torch._higher_order_ops.utils import (  # noqa: E402
-    _maybe_run_with_interpreter as run_with_interpreter,
-)
-
 __all__ = [
     "DispatchKey",
-    "OpOverload",
-    "below_autograd",
-    "pytree",
     "FakeTensor",
     "FakeTensorMode",
     "HigherOrderOperator",
+    "OpOverload",
     "ProxyTorchDispatchMode",
     "StorageWeakRef",
     "TorchDispatchMode",
+    "below_autograd",
     "disable_proxy_modes_tracing",
     "get_proxy_slot",
+    "pytree",
     "run_with_interpreter",
     "track_tensor_tree",
 ]
@@ -402,9 +400,7 @@ def _new_sub_tracer(parent):
 def current_make_fx_tracer():
     tracer = _proxy_tensor._CURRENT_MAKE_FX_TRACER
     if tracer is None:
-        raise RuntimeError(
-            "torchcond: a branch can only be traced inside a make_fx/export session"
-        )
+        raise RuntimeError("torchcond: a branch can only be traced inside a make_fx/export session")
     return tracer
 
 
@@ -489,9 +485,7 @@ def _fresh_leaf(value):
     """A new leaf tensor with ``value``'s metadata, tracked by no tracer or autograd graph."""
     if not isinstance(value, torch.Tensor):
         return value
-    return torch.empty_strided(
-        value.size(), value.stride(), dtype=value.dtype, device=value.device
-    )
+    return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
 
 
 def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:

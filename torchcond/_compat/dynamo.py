@@ -53,6 +53,7 @@ def _conditional_variable_class(hop, op_name: str, taken, labels):
     branches' lifted inputs in one order; the node emitted is our operator, so its
     example value comes from torchcond's own fake rule (merge.py).
     """
+
     # Dynamo's package is still being imported when this runs: its names are
     # looked up when a conditional is traced, not now.
     def variables():
@@ -89,7 +90,9 @@ def _conditional_variable_class(hop, op_name: str, taken, labels):
             if not isinstance(operands, (v.ListVariable, v.TupleVariable)):
                 refuse("operands must be a tuple or list", operands)
             operand_vts = operands.unpack_var_sequence(tx)
-            if not hop.only_consist_of(operands, (v.TensorVariable, v.ConstantVariable, v.SymNodeVariable)):
+            if not hop.only_consist_of(
+                operands, (v.TensorVariable, v.ConstantVariable, v.SymNodeVariable)
+            ):
                 refuse("operands must be tensors", operands)
             if selector.is_python_constant():
                 constant = selector.as_python_constant()
@@ -100,19 +103,28 @@ def _conditional_variable_class(hop, op_name: str, taken, labels):
                 refuse("the selector must be a tensor or a SymBool/SymInt", selector)
 
             names = labels(len(branch_vts))
-            speculated = [self._speculate(tx, name, b, operand_vts) for name, b in zip(names, branch_vts)]
+            speculated = [
+                self._speculate(tx, name, b, operand_vts) for name, b in zip(names, branch_vts)
+            ]
             first_spec = speculated[0][1].treespec
             first_nones = speculated[0][1].masks_to_filter_const_values
             for _, spec, *_ in speculated[1:]:
                 same = hop._make_inlined(tx, pytree.TreeSpec.__eq__)(first_spec, spec.treespec)
-                if not same.as_python_constant() or spec.masks_to_filter_const_values != first_nones:
-                    refuse("branches return different pytree structures", (first_spec, spec.treespec))
+                if (
+                    not same.as_python_constant()
+                    or spec.masks_to_filter_const_values != first_nones
+                ):
+                    refuse(
+                        "branches return different pytree structures", (first_spec, spec.treespec)
+                    )
             shared = self._merge_lifted_inputs(speculated)
             graph_nodes = []
             for j, (_, spec, graph, _, modules) in enumerate(speculated):
                 gm = torch.fx.GraphModule(modules, graph)
                 gm.meta["torchcond_out_spec"] = _python_treespec(spec)
-                graph_nodes.append(hop.make_attr(tx, tx.output.install_subgraph(f"{op_name}_branch_{j}", gm)))
+                graph_nodes.append(
+                    hop.make_attr(tx, tx.output.install_subgraph(f"{op_name}_branch_{j}", gm))
+                )
             proxy_args = (selector.as_proxy(), *graph_nodes, tuple(shared))
             return hop._call_function_and_unflatten_output(
                 tx, self.value, proxy_args, {}, None, speculated[0][1], speculated[0][0]
@@ -144,9 +156,9 @@ def _conditional_variable_class(hop, op_name: str, taken, labels):
                 error.args = (error.msg, *error.args[1:])
                 raise
             tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
-            if not hop.only_consist_of(ret_val, (variables().TensorVariable, variables().ConstantVariable)) or any(
-                v is not None for v in ret_spec.const_values or ()
-            ):
+            if not hop.only_consist_of(
+                ret_val, (variables().TensorVariable, variables().ConstantVariable)
+            ) or any(v is not None for v in ret_spec.const_values or ()):
                 refuse("branches must return pytrees of tensors", ret_val)
             return ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules)
 

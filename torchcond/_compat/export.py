@@ -27,7 +27,10 @@ def install(op_names: frozenset[str]) -> None:
 
     utils = importlib.import_module("torch._export.utils")
     original = getattr(utils, _PASS, None)
-    helpers = (getattr(utils, "_build_cache", None), getattr(utils, "_rename_without_collisions", None))
+    helpers = (
+        getattr(utils, "_build_cache", None),
+        getattr(utils, "_rename_without_collisions", None),
+    )
     if original is None or None in helpers or getattr(original, "_torchcond", False):
         return
 

@@ -46,7 +46,6 @@ def install(cond_op, switch_op) -> None:
 
 def _register_lowerings(lowering, cond_op, switch_op) -> None:
     import sympy
-
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -98,7 +97,9 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
         if isinstance(index, sympy.Expr) and not isinstance(index, (sympy.Symbol, sympy.Integer)):
             with V.fake_mode:
                 index_value = torch.empty((), dtype=torch.int64, device=host)
-            index = lowering.lowerings[aten.scalar_tensor.default](index, dtype=torch.int64, device=host)
+            index = lowering.lowerings[aten.scalar_tensor.default](
+                index, dtype=torch.int64, device=host
+            )
         return index, index_value
 
     @lowering.register_lowering(cond_op, type_promotion_kind=None)
@@ -126,8 +127,12 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
         # More than two: b0, else a subgraph holding switch(index - 1, b1, ..., bn).
         index, index_value = bindable(index, index_value)
         link = _LinkBuilder(node, [_fx_value(a) for a in node.args[-1]], index_value)
-        first = ir.Subgraph(name=f"{node.name}_case_0", graph_module=link.ignoring_index(branches[0]))
-        rest = ir.Subgraph(name=f"{node.name}_rest", graph_module=link.rest(switch_op, branches[1:]))
+        first = ir.Subgraph(
+            name=f"{node.name}_case_0", graph_module=link.ignoring_index(branches[0])
+        )
+        rest = ir.Subgraph(
+            name=f"{node.name}_rest", graph_module=link.rest(switch_op, branches[1:])
+        )
         with V.graph.set_current_node(link.stand_in(switch_op)):
             return conditional(first_taken, first, rest, [*operands, index])
 
@@ -141,7 +146,6 @@ def _refuse_unbound_predicate(op_name: str, node: torch.fx.Node, pred) -> None:
     on its first call (torch.cond fails the same way on 2.13).
     """
     import sympy
-
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     from ..errors import UnsupportedCondError
@@ -174,7 +178,6 @@ def _depend_on_predicate_symbols(pred, outputs) -> None:
     never prints) records the dependency.
     """
     import sympy
-
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     if not isinstance(pred, sympy.Basic) or not outputs:
@@ -192,7 +195,6 @@ def _fx_value(arg):
 def _clamped(lowering, index, num_branches: int):
     """``index`` clamped to ``[0, num_branches - 1]``, as a tensor or a sympy expression."""
     import sympy
-
     from torch._inductor import ir
 
     if isinstance(index, ir.IRNode):
@@ -205,7 +207,6 @@ def _clamped(lowering, index, num_branches: int):
 def _at_most(lowering, index, bound: int):
     """``index <= bound`` as Inductor's predicate: a bool tensor or a sympy condition."""
     import sympy
-
     from torch._inductor import ir
 
     if isinstance(index, ir.IRNode):
@@ -224,7 +225,9 @@ class _LinkBuilder:
     def _placeholders(self, graph: torch.fx.Graph):
         inputs = []
         for i, value in enumerate([*self.operand_values, self.index_value]):
-            placeholder = graph.placeholder("index" if i == len(self.operand_values) else f"operand_{i}")
+            placeholder = graph.placeholder(
+                "index" if i == len(self.operand_values) else f"operand_{i}"
+            )
             placeholder.meta["val"] = value
             inputs.append(placeholder)
         return inputs[:-1], inputs[-1]
