@@ -6,10 +6,11 @@
 #   make test   lint (ruff), CUDA kernel compile check, unit tests, the public API's types (mypy),
 #               docs build (warnings are errors), benchmark smoke runs
 #   make test-long  the hypothesis properties with 20x their examples (nightly)
-#   make wheel-check  sdist -> wheel -> install outside the repo -> import
+#   make wheel-check  sdist -> wheel -> install outside the repo -> import, run the demo
 #   make matrix what CI runs: `test` on torch 2.13.0 and 2.14.1, `unit` and
 #               `bench-smoke` on 2.11.0
 #   make cuda-check  compile csrc/cuda/select_kernel.cuh with nvcc (skipped without nvcc)
+#   make bench  every CPU benchmark: JSON and PNG plots in benchmarks/results/ (~10 min)
 # Another torch: `make test TORCH=2.14.1` (any release from 2.11 on), or a full pip
 # requirement with TORCH_SPEC, e.g. TORCH_SPEC='torch==2.14.1' VENV=/some/venv.
 PYTHON ?= python3
@@ -22,7 +23,7 @@ DEPS_STAMP := $(VENV)/.torchcond-deps
 MATRIX_FULL ?= 2.13.0 2.14.1
 MATRIX_UNIT ?= 2.11.0
 
-.PHONY: install ext demo test lint format unit test-long typecheck docs bench-smoke cuda-check wheel-check matrix clean
+.PHONY: install ext demo test lint format unit test-long typecheck docs bench-smoke bench cuda-check wheel-check matrix clean
 
 install: ext
 
@@ -48,11 +49,12 @@ test: lint cuda-check unit typecheck docs bench-smoke
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider
 
-# ruff's linter and formatter, configured in pyproject.toml: `make format` applies
-# what `lint` asks for.
+# ruff's linter and formatter, configured in pyproject.toml (`make format` applies
+# what `lint` asks for), and no private torch name outside torchcond/_compat/.
 lint: $(DEPS_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) tools/check_private_torch.py torchcond
 
 format: $(DEPS_STAMP)
 	$(PY) -m ruff check --fix .
@@ -65,13 +67,19 @@ EXAMPLES_SCALE ?= 20
 test-long: install
 	TORCHCOND_EXAMPLES_SCALE=$(EXAMPLES_SCALE) $(PY) -m pytest -q -p no:cacheprovider test/test_properties.py test/test_autograd_properties.py
 
-# The public API as mypy sees it: inferred return types, Literal strategies, and the
-# mistakes it must flag (test/typing/public_api.py; an unused ignore is an error).
+# mypy over the package, and over the public API as a user sees it: inferred return
+# types, Literal strategies, and the mistakes it must flag (test/typing/public_api.py;
+# an unused ignore is an error). Configured in pyproject.toml.
 typecheck: install
-	$(PY) -m mypy --follow-imports=silent --warn-unused-ignores --cache-dir build/mypy-$(TORCH) test/typing/public_api.py
+	$(PY) -m mypy --cache-dir build/mypy-$(TORCH)
 
+# The HTML pages, then every example in them (the .rst pages' testcode/doctest blocks
+# and the docstrings' Examples) run by sphinx.ext.doctest. -n: every cross-reference
+# must resolve (intersphinx reads the committed docs/_inventories/*.inv, no network).
+# Open docs/_build/html/index.html.
 docs: install
-	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(PY) -m sphinx -n -W --keep-going -q -b html docs docs/_build/html
+	$(PY) -m sphinx -n -W --keep-going -q -b doctest docs docs/_build/doctest
 
 bench-smoke: install
 	$(PY) benchmarks/bench_eager.py --quick
@@ -79,6 +87,10 @@ bench-smoke: install
 	$(PY) benchmarks/bench_autograd.py --quick
 	$(PY) benchmarks/bench_select.py --quick
 	$(PY) benchmarks/bench_compile.py --quick
+
+# The full CPU benchmarks (`python -m benchmarks`): results/<name>.json, plots, run.json.
+bench: install
+	$(PY) -m benchmarks
 
 # The CUDA select kernel compiles with nvcc alone (no CUDA torch needed): CI has no
 # GPU and a CPU torch, so this is how the kernel stays compilable there. ptxas
@@ -99,19 +111,23 @@ cuda-check:
 	fi
 
 # What a user of a release gets: an sdist, a wheel built from it (not from this
-# checkout) against this venv's torch, installed outside the repository and imported
-# from another directory. A minute or two: it compiles the extension again.
+# checkout) against this venv's torch, installed with its dependencies (the torch
+# release it pins) into a bare venv outside the repository, where it is imported and
+# runs the demo. A few minutes: it compiles the extension again and installs torch.
 DIST ?= $(or $(TMPDIR),/tmp)/torchcond-wheel-check
 wheel-check: install
 	rm -rf $(DIST) && mkdir -p $(DIST)
 	$(PY) -m build --sdist --no-isolation -o $(DIST) .
 	$(PY) -m pip wheel -q --no-build-isolation --no-deps -w $(DIST) $(DIST)/torchcond-*.tar.gz
-	$(PY) -m pip install -q --no-deps --target $(DIST)/site $(DIST)/torchcond-*.whl
-	cd $(DIST) && PYTHONPATH=$(DIST)/site $(PY) -c 'import torch, torchcond, os; \
+	$(PYTHON) -m venv $(DIST)/venv
+	$(DIST)/venv/bin/python -m pip install -q $(DIST)/torchcond-*.whl
+	cp demo.py $(DIST)/demo.py
+	cd $(DIST) && venv/bin/python -P -c 'import torch, torchcond, os; \
 		assert torchcond.__file__.startswith(os.getcwd()), torchcond.__file__; \
 		x = torch.tensor([1.0, -2.0]); \
 		assert torch.equal(torchcond.cond(x.sum() > 0, torch.neg, torch.abs, (x,), strategy="select"), x.abs()); \
 		print("wheel-check: torchcond", torchcond.__version__, "from", os.path.dirname(torchcond.__file__), "ok")'
+	cd $(DIST) && venv/bin/python -P demo.py > demo.out && tail -n 3 demo.out
 
 # CI's torch matrix. Each leg prints its time; `make test` above stays the default leg.
 matrix:

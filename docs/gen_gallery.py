@@ -1,7 +1,9 @@
 """Write the export gallery: one reStructuredText page per example in ``exportdb_examples``.
 
-Each page shows the example's docstring, its source, and the graph that
-``torch.export.export(..., strict=False)`` produces for it. Run as a script
+Each page shows the example's title (its module's ``TITLE``, or a title made from its
+name), its docstring, its source, and the graph that
+``torch.export.export(..., strict=False)`` produces for it. The index lists every
+example with its title and the docstring's text as one paragraph. Run as a script
 (``python docs/gen_gallery.py [OUT_DIR]``, default ``docs/gallery``) or import it and
 call ``render(out_dir)``, as ``docs/conf.py`` does at build time. Output is
 deterministic: file paths in the graph printouts are made relative to the repo root.
@@ -27,11 +29,13 @@ INDEX_INTRO = """\
 Export gallery
 ==============
 
-Each page below is one pattern of ``torchcond.cond`` / ``torchcond.switch`` use,
-exported with ``torch.export.export(..., strict=False)`` under dynamic shapes. The
-graph shown is the exported program's ``graph_module``: the conditional is a single
-``torchcond_cond`` or ``torchcond_switch`` node whose branches are the nested
-``true_graph_*`` / ``false_graph_*`` / ``branch_graph_*`` submodules.
+Each page below is one pattern of :func:`torchcond.cond` / :func:`torchcond.switch`
+use, exported with :func:`torch.export.export` (``strict=False``) under dynamic
+shapes. A page shows the example's source and the exported program's
+``graph_module``, both taken from ``exportdb_examples/`` when the docs are built: the
+conditional is a single ``torchcond_cond`` or ``torchcond_switch`` node whose branches
+are the nested ``true_graph_*`` / ``false_graph_*`` / ``branch_graph_*`` submodules.
+The test suite exports every example and runs it on inputs that reach every branch.
 """
 
 
@@ -74,12 +78,23 @@ def graph_text(ep: torch.export.ExportedProgram) -> str:
     return _strip_trailing_space(text)
 
 
-def _title(name: str) -> str:
-    return f"{name}\n{'=' * len(name)}"
+def title(name: str, example) -> str:
+    """The example's ``TITLE``, or its name in words (``nested_cond`` -> ``Nested cond``)."""
+    text = getattr(example, "TITLE", None) or name.replace("_", " ").capitalize()
+    return " ".join(text.split())
+
+
+def _heading(text: str, underline: str = "=") -> str:
+    return f"{text}\n{underline * len(text)}"
 
 
 def _docstring(example) -> str:
     return inspect.cleandoc(example.__doc__ or "").strip()
+
+
+def description(example) -> str:
+    """The docstring as one paragraph (its summary line and the text after it)."""
+    return " ".join(_docstring(example).split())
 
 
 def _indent(text: str) -> str:
@@ -94,21 +109,22 @@ def render_page(name: str, example, out_dir: str) -> str:
     parts = [
         f".. _gallery-{name}:",
         "",
-        _title(name),
+        _heading(title(name, example)),
         "",
         _docstring(example),
         "",
-        "Source",
-        "------",
+        f"Source: ``exportdb_examples/{name}.py``",
         "",
         f".. literalinclude:: {include}",
         "   :language: python",
+        "   :start-at: import torch",  # the docstring is the text above
         "",
-        "Exported graph",
-        "--------------",
+        "Exported program",
+        "----------------",
         "",
-        "``torch.export.export(Model(), example_args, dynamic_shapes=dynamic_shapes, "
-        "strict=False).graph_module``:",
+        "The graph of ``torch.export.export(Model(), example_args,",
+        "dynamic_shapes=dynamic_shapes, strict=False)``, as",
+        "``ep.graph_module.print_readable()`` prints it when the docs are built:",
         "",
         ".. code-block:: python",
         "",
@@ -118,9 +134,13 @@ def render_page(name: str, example, out_dir: str) -> str:
     return "\n".join(parts)
 
 
-def render_index(names) -> str:
-    lines = [INDEX_INTRO, ".. toctree::", "   :maxdepth: 1", ""]
-    lines += [f"   {name}" for name in names]
+def render_index(examples) -> str:
+    """The index: each example's title (a link to its page) and its description."""
+    lines = [INDEX_INTRO]
+    for name, example in examples.items():
+        lines += [f":doc:`{title(name, example)} <{name}>`", f"   {description(example)}", ""]
+    lines += [".. toctree::", "   :hidden:", ""]
+    lines += [f"   {name}" for name in examples]
     return "\n".join(lines) + "\n"
 
 
@@ -152,7 +172,7 @@ def render(out_dir: str) -> list[str]:
         _write_if_changed(path, render_page(name, example, out_dir))
         written.append(path)
     index = os.path.join(out_dir, "index.rst")
-    _write_if_changed(index, render_index(list(examples)))
+    _write_if_changed(index, render_index(examples))
     written.append(index)
     keep = {os.path.basename(p) for p in written}
     for stale in sorted(os.listdir(out_dir)):

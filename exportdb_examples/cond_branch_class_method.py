@@ -9,6 +9,9 @@ from torch.export import Dim
 
 import torchcond
 
+#: The example's title in the docs gallery (docs/gen_gallery.py).
+TITLE = "Bound methods as branches"
+
 
 class Refine(torch.nn.Module):
     def __init__(self):

@@ -9,6 +9,9 @@ from torch.export import Dim
 
 import torchcond
 
+#: The example's title in the docs gallery (docs/gen_gallery.py).
+TITLE = "Branches calling nested helpers"
+
 
 def _normalize(t):
     return t / (t.norm(dim=-1, keepdim=True) + 1e-6)

@@ -9,6 +9,9 @@ from torch.export import Dim
 
 import torchcond
 
+#: The example's title in the docs gallery (docs/gen_gallery.py).
+TITLE = "Several operands, one unused"
+
 
 def true_fn(x, bias, gate):
     return (x + bias) * torch.sigmoid(gate)

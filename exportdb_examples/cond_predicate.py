@@ -9,6 +9,9 @@ from torch.export import Dim
 
 import torchcond
 
+#: The example's title in the docs gallery (docs/gen_gallery.py).
+TITLE = "A data-dependent predicate"
+
 
 class Model(torch.nn.Module):
     def forward(self, x):

@@ -9,6 +9,9 @@ from torch.export import Dim
 
 import torchcond
 
+#: The example's title in the docs gallery (docs/gen_gallery.py).
+TITLE = "Pytree operands and outputs"
+
 
 def true_fn(feats, extras):
     a, (b,) = feats["a"], feats["b"]

@@ -9,6 +9,9 @@ from torch.export import Dim
 
 import torchcond
 
+#: The example's title in the docs gallery (docs/gen_gallery.py).
+TITLE = "A four-way switch"
+
 
 class Model(torch.nn.Module):
     def forward(self, index, x):

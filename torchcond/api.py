@@ -30,8 +30,8 @@ _Tensor = torch.Tensor
 # sees the rest), or any dispatch or torch-function mode. A superset of
 # _compat.tracing() (pre-dispatch tracing always pushes a function mode) that costs
 # no Python frame; the slow path decides precisely.
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_function_modes = torch._C._len_torch_function_stack
+_dispatch_modes = _compat.len_dispatch_stack
+_function_modes = _compat.len_function_stack
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _capturing = torch.cuda.is_current_stream_capturing
 # Module-level names for what the dynamo path reads: a compiled function guards on
@@ -79,6 +79,55 @@ def cond(
     picked on the device by one fused select: the predicate is never read on the
     host (no device sync). Both branches must then return the same shapes, and may
     not write in place to anything they did not create (``BranchMutationError``).
+
+    Returns:
+        What the taken branch returns, in the pytree structure it returns. Eagerly
+        that is the branch's own result (an identity branch returns the operand
+        itself); traced, every output is a fresh tensor.
+
+    Raises:
+        CondArgumentError: an argument has the wrong type, shape or value, such as a
+            predicate with several elements or a branch that is not callable. Checked
+            in every mode, eager included.
+        BranchMismatchError: when traced (or eagerly with ``check_branches=True``),
+            the branches return different pytree structures, dtypes, devices, layouts
+            or ranks; with ``strategy="select"``, different shapes.
+        BranchMutationError: a traced branch, or one that runs whether or not it is
+            taken (``strategy="select"``), writes in place to an operand or to a
+            tensor it closes over.
+
+    Examples:
+        Eagerly, a Python ``if``: only the taken branch runs.
+
+        >>> x = torch.tensor([1.0, -2.0, 3.0])
+        >>> torchcond.cond(x.sum() > 0, torch.cos, torch.sin, (x,))
+        tensor([ 0.5403, -0.4161, -0.9900])
+
+        Operands and outputs may be pytrees, and branches may close over tensors:
+
+        >>> w = torch.tensor(10.0)
+        >>> out = torchcond.cond(
+        ...     x.max() > 5,
+        ...     lambda d: {"y": d["a"] + w},
+        ...     lambda d: {"y": d["a"] - w},
+        ...     ({"a": x},),
+        ... )
+        >>> out["y"]
+        tensor([ -9., -12.,  -7.])
+
+        With ``strategy="select"`` both branches run and each element is picked on
+        the device, so the predicate is never read on the host:
+
+        >>> torchcond.cond(x.sum() > 0, torch.cos, torch.sin, (x,), strategy="select")
+        tensor([ 0.5403, -0.4161, -0.9900])
+
+        Branches that would not trace together fail even if the other one is taken:
+
+        >>> to_double = lambda x: x.double()
+        >>> torchcond.cond(x.sum() > 0, torch.cos, to_double, (x,), check_branches=True)
+        Traceback (most recent call last):
+        ...
+        torchcond.errors.BranchMismatchError: output: branches must agree on dtype; ...
     """
     if _dynamo_compiling():
         return _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy)
@@ -127,6 +176,37 @@ def switch(
         operands: a tuple or list of pytrees whose leaves are tensors.
         strategy: ``"auto"`` or ``"select"``, as for :func:`cond`.
         check_branches: as for :func:`cond`.
+
+    Returns:
+        What the selected branch returns, as for :func:`cond`.
+
+    Raises:
+        CondArgumentError: an argument has the wrong type, shape or value, such as an
+            index of a non-integer dtype or an empty ``branches``. Checked in every
+            mode, eager included.
+        BranchMismatchError: when traced (or eagerly with ``check_branches=True``),
+            the branches disagree on their outputs, as for :func:`cond`.
+        BranchMutationError: as for :func:`cond`.
+
+    Examples:
+        >>> x = torch.tensor([1.0, -2.0])
+        >>> branches = [lambda x: x + 1, lambda x: x * 10, torch.neg]
+        >>> torchcond.switch(torch.tensor(1), branches, (x,))
+        tensor([ 10., -20.])
+
+        An out-of-range index is clamped, not an error:
+
+        >>> torchcond.switch(torch.tensor(7), branches, (x,))  # branches[2]
+        tensor([-1.,  2.])
+        >>> torchcond.switch(torch.tensor(-1), branches, (x,))  # branches[0]
+        tensor([ 2., -1.])
+
+        A boolean index is refused (use :func:`cond`):
+
+        >>> torchcond.switch(torch.tensor(True), branches, (x,))
+        Traceback (most recent call last):
+        ...
+        torchcond.errors.CondArgumentError: switch: argument 'index' must have an integer dtype; ...
     """
     if _dynamo_compiling():
         return _switch_under_dynamo(index, branches, operands, strategy)
@@ -273,7 +353,9 @@ def _on_flat(labelled_branches, operands, run):
     flat_branches = [FlatBranch(fn, in_spec, label) for fn, label in labelled_branches]
     labels = [label for _, label in labelled_branches]
     flat_out = run(flat_branches, tuple(flat_operands), labels)
-    return pytree.tree_unflatten(list(flat_out), recorded_spec(flat_branches))
+    spec = recorded_spec(flat_branches)
+    assert spec is not None, "run() returned without calling a branch"
+    return pytree.tree_unflatten(list(flat_out), spec)
 
 
 _STRATEGIES = ("auto", "select")

@@ -179,6 +179,7 @@ def _vjp_of(branch: Callable, n: int, need: Sequence[int], present: Sequence[int
         outputs = _run_marking_stop_gradients(branch, primals)
         pairs = [(outputs[j], g) for j, g in zip(present, cotangents) if outputs[j].requires_grad]
         wrt = [primals[i] for i in need]
+        grads: tuple[torch.Tensor | None, ...]
         if pairs:
             grads = torch.autograd.grad(
                 [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True

@@ -174,11 +174,11 @@ def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, i
     when no operand needs one.
     """
     which = form.branch_of(selector, len(branches))
-    results = None
+    results: tuple = ()
     for k, branch in enumerate(branches):
         with if_body(which == k):
             outputs = tuple(branch(*operands))
-            if results is None:
+            if k == 0:
                 results = outputs
                 continue
             _check_selectable([branches[0], branch], [labels[0], labels[k]], [results, outputs])

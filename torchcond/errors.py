@@ -8,7 +8,20 @@ from __future__ import annotations
 
 
 class CondError(Exception):
-    """Base of every error torchcond raises about its arguments or branches."""
+    """Base of every error torchcond raises about its arguments or branches.
+
+    Each subclass also derives from the matching built-in exception, so code that
+    catches ``TypeError`` or ``ValueError`` keeps working. Exceptions raised by the
+    user's own branch code are never wrapped in it.
+
+    Examples:
+        >>> x = torch.ones(3)
+        >>> try:
+        ...     torchcond.cond(torch.ones(2) > 0, torch.cos, torch.sin, (x,))
+        ... except torchcond.CondError as error:
+        ...     print(type(error).__name__, isinstance(error, TypeError))
+        CondArgumentError True
+    """
 
 
 class CondArgumentError(CondError, TypeError):
@@ -20,11 +33,39 @@ class BranchMismatchError(CondError, ValueError, RuntimeError):
 
     Also a ``RuntimeError``, the type of ``torch.cond``'s mismatch errors, so code
     written against ``torch.cond`` catches it.
+
+    Raised when the branches are traced (eagerly only the taken branch runs), or
+    eagerly with ``check_branches=True``. The message names the output path.
+
+    Examples:
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> def f(x):
+        ...     return torchcond.cond(x.sum() > 0, lambda x: (x, x), lambda x: {"a": x}, (x,))
+        >>> make_fx(f, tracing_mode="symbolic")(torch.ones(3))
+        Traceback (most recent call last):
+        ...
+        torchcond.errors.BranchMismatchError: branches must return the same pytree structure: ...
     """
 
 
 class BranchMutationError(CondError, RuntimeError):
-    """A traced branch writes to one of its inputs (an operand or a closed-over tensor)."""
+    """A traced branch writes to one of its inputs (an operand or a closed-over tensor).
+
+    Also raised eagerly for branches that run whether or not they are taken
+    (``strategy="select"``, or ``torch.vmap`` with a per-example predicate), before
+    the write happens. Return the new value instead of writing in place.
+
+    Examples:
+        >>> def inc(x):
+        ...     return x.add_(1)
+        >>> x = torch.ones(3)
+        >>> torchcond.cond(torch.tensor(False), inc, torch.neg, (x,), strategy="select")
+        Traceback (most recent call last):
+        ...
+        torchcond.errors.BranchMutationError: true_fn writes in place (aten.add_.Tensor) ...
+        >>> x
+        tensor([1., 1., 1.])
+    """
 
 
 class UnsupportedCondError(CondError, NotImplementedError):

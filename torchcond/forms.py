@@ -42,7 +42,7 @@ def clamp_index(index: int, n: int) -> int:
 def host_index(index) -> int:
     """A concrete index as a Python int. ``int()`` of a uint64 tensor at or above 2**63
     overflows; ``item()`` gives the true value, which then clamps to the last branch."""
-    return index.item() if isinstance(index, torch.Tensor) else int(index)
+    return int(index.item()) if isinstance(index, torch.Tensor) else int(index)
 
 
 def cond_branch_of(pred: torch.Tensor, n: int) -> torch.Tensor:

@@ -73,6 +73,42 @@ def select(
 
     ``pred``: a bool tensor, 0-d or shaped like a prefix of every value's shape.
     Returns fresh contiguous tensors. Each element reads only the value it selects.
+
+    One kernel launch covers every output. Gradients flow to the selected side only
+    (zeros, never ``NaN``, on the other), and ``torch.vmap`` is supported.
+
+    Args:
+        pred: a ``torch.bool`` tensor on the values' device: 0-d (one choice for
+            everything) or with a shape that is a prefix of every value's shape (one
+            choice per leading index).
+        true_values: the tensors to take where ``pred`` is true.
+        false_values: as many tensors, each with the shape, dtype and device of the
+            matching ``true_values`` entry, to take where ``pred`` is false.
+
+    Returns:
+        One new tensor per pair, ``torch.where(pred, t, f)`` with ``pred`` broadcast
+        over the trailing dimensions.
+
+    Raises:
+        CondArgumentError: ``pred`` is not a bool tensor or its shape is not a prefix
+            of the values' shapes, the two lists differ in length, or a pair differs
+            in shape, dtype or device.
+
+    Examples:
+        >>> pred = torch.tensor([True, False, True])
+        >>> a, b = torchcond.select(
+        ...     pred, [torch.ones(3), torch.ones(3, 2)], [torch.zeros(3), -torch.ones(3, 2)]
+        ... )
+        >>> a
+        tensor([1., 0., 1.])
+        >>> b
+        tensor([[ 1.,  1.],
+                [-1., -1.],
+                [ 1.,  1.]])
+        >>> torchcond.select(torch.tensor(True), [torch.ones(2)], [torch.zeros(3)])
+        Traceback (most recent call last):
+        ...
+        torchcond.errors.CondArgumentError: false_values[0]: expected shape (2,), ...
     """
     true_values = _as_list(true_values, "select", "true_values", _TENSORS, _ONE_OUTPUT)
     false_values = _as_list(false_values, "select", "false_values", _TENSORS, _ONE_OUTPUT)
@@ -94,6 +130,29 @@ def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> li
     """Output ``i`` is ``cases[clamp(index, 0, len(cases) - 1)][i]``, elementwise, fused.
 
     ``index``: an integer tensor, 0-d or shaped like a prefix of every value's shape.
+
+    The N-way :func:`select`, behind ``switch(..., strategy="select")``: one kernel
+    launch for every output, and each element reads only the case it selects.
+
+    Args:
+        index: an integer tensor on the values' device, 0-d or with a shape that is a
+            prefix of every value's shape. Out-of-range entries are clamped, as in
+            :func:`torchcond.switch`.
+        cases: one list of tensors per branch; every list has the same length, and
+            its ``i``-th tensors agree in shape, dtype and device.
+
+    Returns:
+        One new tensor per output position.
+
+    Raises:
+        CondArgumentError: ``index`` is not an integer tensor or its shape is not a
+            prefix of the values' shapes, ``cases`` is empty, or the cases disagree in
+            length, shape, dtype or device.
+
+    Examples:
+        >>> cases = [[torch.zeros(4)], [torch.ones(4)], [torch.full((4,), 2.0)]]
+        >>> torchcond.select_n(torch.tensor([0, 2, 1, 5]), cases)  # 5 is clamped to 2
+        [tensor([0., 2., 1., 2.])]
     """
     cases = _as_list(cases, "select_n", "cases", "a list with one list of tensors per branch")
     cases = [

@@ -12,6 +12,8 @@ flat tuple of tensors. ``api.py`` builds that from the user's pytrees.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import _compat
@@ -141,7 +143,8 @@ def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
 
 def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operands):
     """One graph node whose branches are closure-free registered subgraphs."""
-    tracer = mode.tracer
+    # The make_fx tracer (a PythonKeyTracer: it has .root and .unwrap_proxy).
+    tracer: Any = mode.tracer
     labels = form.labels(len(branches))
     graphs, operands = trace_branches(tracer, branches, tuple(operands), labels)
     if _compat.fake_mode_of(operands) is None:

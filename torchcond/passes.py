@@ -10,6 +10,7 @@ computes every branch, so it costs the sum of the branches, not the taken one.
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import torch
 
@@ -24,6 +25,34 @@ def lower_to_select(ep: torch.export.ExportedProgram) -> torch.export.ExportedPr
 
     Nested conditionals (inside branches) are lowered first. The program's inputs,
     outputs and signature are unchanged.
+
+    The lowered program has no control flow, so it suits backends without
+    conditionals, and running it never reads a predicate on the host. It computes
+    every branch, so it costs the sum of the branches, not the taken one.
+
+    Args:
+        ep: an exported program, as :func:`torch.export.export` returns it. It is not
+            modified.
+
+    Returns:
+        A new :class:`~torch.export.ExportedProgram` that computes the same outputs.
+
+    Raises:
+        BranchMismatchError: the branches of a conditional return outputs of
+            different shapes or dtypes (for example an unbacked size that differs
+            between branches), which an elementwise select cannot combine.
+
+    Examples:
+        >>> class Model(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torchcond.cond(x.sum() > 0, torch.log, torch.zeros_like, (x,))
+        >>> x = torch.tensor([1.0, 2.0, 4.0])
+        >>> ep = torch.export.export(Model(), (x,))
+        >>> flat = torchcond.passes.lower_to_select(ep)
+        >>> [n.target for n in flat.graph.nodes if n.op == "call_function"]
+        [<OpOverload(op='aten.sum', overload='default')>, ...]
+        >>> flat.module()(x)
+        tensor([0.0000, 0.6931, 1.3863])
     """
     lowered = copy.deepcopy(ep)
     _lower_module(lowered.graph_module)
@@ -43,7 +72,7 @@ def _lower_module(gm: torch.fx.GraphModule) -> None:
 def _lower_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     selector, *branch_nodes, operands = node.args
     graph = gm.graph
-    branches = [getattr(gm, b.target) for b in branch_nodes]
+    branches = [getattr(gm, str(cast(torch.fx.Node, b).target)) for b in branch_nodes]
     outputs = []
     with graph.inserting_before(node):
         for branch in branches:

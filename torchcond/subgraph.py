@@ -80,7 +80,7 @@ def _storage(value):
 
 def _root_storages(gm) -> dict:
     """Storage -> the placeholder or constant node that owns it."""
-    roots = {}
+    roots: dict[object, torch.fx.Node] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             value = node.meta.get("val")

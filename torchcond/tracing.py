@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -193,7 +194,7 @@ def trace_branches(
     traces before the proxy rule does) come back as they are.
     """
     if all(_traced_for(b) is parent_tracer for b in branches):
-        return list(branches), tuple(operands)
+        return [cast(torch.fx.GraphModule, b) for b in branches], tuple(operands)
     traced = [_compat.trace_subgraph_lifting(b, operands, parent_tracer) for b in branches]
     check_same_structure(branches, labels)
 

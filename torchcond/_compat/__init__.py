@@ -77,7 +77,10 @@ __all__ = [
     "track_tensor_tree",
 ]
 
-_len_dispatch_stack = torch._C._len_torch_dispatch_stack
+# How many dispatch / torch-function modes are active: C functions, so the eager fast
+# path can test "maybe tracing" without a Python frame (2.11-2.15).
+len_dispatch_stack = torch._C._len_torch_dispatch_stack
+len_function_stack = torch._C._len_torch_function_stack
 _tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
 _PRE_DISPATCH = DispatchKey.PreDispatch
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -98,7 +101,7 @@ def tracing() -> bool:
     """
     return bool(
         torch.compiler.is_dynamo_compiling()  # first: dynamo folds it, skips the rest
-        or _len_dispatch_stack()
+        or len_dispatch_stack()
         or _tls_key_included(_PRE_DISPATCH)
     )
 

@@ -165,7 +165,7 @@ def _conditional_variable_class(hop, op_name: str, taken, labels):
         @staticmethod
         def _merge_lifted_inputs(speculated):
             """Every branch graph takes the union of all branches' lifted inputs, one order."""
-            union = {}
+            union: dict = {}
             for _, _, _, lifted, _ in speculated:
                 for outer in lifted:
                     union.setdefault(lift_key(outer), outer)

@@ -31,7 +31,7 @@ def install(op_names: frozenset[str]) -> None:
         getattr(utils, "_build_cache", None),
         getattr(utils, "_rename_without_collisions", None),
     )
-    if original is None or None in helpers or getattr(original, "_torchcond", False):
+    if original is None or None in helpers or original.__module__ == __name__:  # installed
         return
 
     def name_subgraph_placeholders(gm: torch.fx.GraphModule) -> None:
@@ -45,7 +45,6 @@ def install(op_names: frozenset[str]) -> None:
                     name_subgraph_placeholders(subgraph)  # nested conditionals
                     subgraph.recompile()
 
-    name_subgraph_placeholders._torchcond = True
     for module_name in _BINDERS:
         module = importlib.import_module(module_name)
         if getattr(module, _PASS, None) is original:

@@ -283,7 +283,7 @@ def _teach_subgraph_args(fx_utils, ops) -> None:
     torch 2.11 has no such table (and no warning): nothing to do.
     """
     original = getattr(fx_utils, "_extract_subgraphs_and_args", None)
-    if original is None or getattr(original, "_torchcond", False):
+    if original is None or original.__module__ == __name__:  # absent, or ours already
         return
 
     def extract_subgraphs_and_args(node, valid_subgraphs, *args, **kwargs):
@@ -295,5 +295,4 @@ def _teach_subgraph_args(fx_utils, ops) -> None:
             if branch in valid_subgraphs:
                 yield branch, operands
 
-    extract_subgraphs_and_args._torchcond = True
     fx_utils._extract_subgraphs_and_args = extract_subgraphs_and_args
