@@ -459,6 +459,14 @@ def trace_subgraph_lifting(
     stack trace; without, they keep what the graph being re-run recorded.
     """
     parent = current_make_fx_tracer()
+    if parent.fx_tracer is not parent_fx_tracer:
+        # make_fx keeps its current tracer in a process-wide variable (2.11-2.15): with
+        # two threads tracing, it can be the other thread's, whose fake mode entered
+        # here aborts the process. The caller's tracer comes from this thread's modes.
+        raise RuntimeError(
+            "torchcond: cannot trace a branch: torch's current make_fx session belongs to "
+            "another thread (make_fx is not thread-safe; trace in one thread at a time)"
+        )
     sub = _new_sub_tracer(parent)
     lifted: list = []
     with sub._init_modes_from_parent(parent):
