@@ -305,3 +305,37 @@ def test_select_strategy_compiles_with_inductor_without_a_host_branch():
     code = inductor_code(f, torch.rand(5), torch.tensor(1))
     assert branch_lines(code) == []  # every branch runs; the fused select picks on the device
     assert "torchcond.select" in code and "torchcond.select_n" in code
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_select_strategy_refuses_writes_under_compile(backend):
+    """Every branch runs under strategy="select": a write would land even when untaken."""
+    buffer = torch.zeros(3)
+
+    def writes_operand(x):
+        x.add_(1)
+        return x
+
+    def writes_closure(x):
+        buffer.add_(1)
+        return x * 3
+
+    def f(p, x, i):
+        a = cond(p, writes_operand, lambda x: x * 2, (x,), strategy="select")
+        return a, switch(i, [lambda x: x - 1, writes_closure], (x,), strategy="select")
+
+    torch._dynamo.reset()
+    x = torch.full((3,), 2.0)
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    with pytest.raises(Exception, match="true_fn: .*(mutation|[Mm]utating)"):
+        compiled(torch.tensor(False), x, torch.tensor(0))
+    torch.testing.assert_close(x, torch.full((3,), 2.0))
+
+    def g(x, i):
+        return switch(i, [lambda x: x - 1, writes_closure], (x,), strategy="select")
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"branches\[1\]: .*(mutation|[Mm]utating)"):
+        torch.compile(g, backend=backend, fullgraph=True)(x, torch.tensor(0))
+    torch.testing.assert_close(buffer, torch.zeros(3))
+    torch.testing.assert_close(x, torch.full((3,), 2.0))

@@ -383,6 +383,13 @@ def _select_path(op, selector, labelled_branches, operands, strategy):
     if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
         selector = torch.scalar_tensor(selector, dtype=torch.bool if op is cond_op else torch.int64)
     form = form_of(op)
+    if _dynamo_compiling():
+        # Dynamo inlines the branches below, where no dispatch mode can refuse a write
+        # from a branch that runs untaken. Calling the operator makes dynamo speculate
+        # each branch as a subgraph, which refuses writes to anything from outside it.
+        # Nothing reads the node: AOTAutograd (aot_eager, inductor) drops it; only
+        # the eager backend runs it, a Python `if` that gives the same values.
+        op(selector, *(fn for fn, _ in labelled_branches), operands)
     if_body = _compat.cuda_graph_if_body() if strategy == "auto" else None
 
     def run(branches, flat, labels):

@@ -8,9 +8,9 @@ under a dispatch mode that raises before any such write: writes to tensors the
 branch itself created are allowed, as they are invisible outside it.
 
 Under dynamo the branch is traced inline and no dispatch mode can be entered
-without a graph break, so there the check is not made: ``torch.compile`` of
-``strategy="select"`` with a writing branch applies the write, as the eager
-``torch.where`` formulation of the same code would.
+without a graph break, so the guard is not entered there; instead the select path
+has dynamo speculate the branches as the operator's subgraphs first, and dynamo
+refuses a subgraph that writes to anything from outside it (api._select_path).
 """
 
 from __future__ import annotations
