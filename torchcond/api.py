@@ -17,7 +17,7 @@ from . import _compat
 from ._compat import pytree
 from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .errors import CondArgumentError
-from .forms import clamp_index, host_index, is_concrete, switch_branch_of
+from .forms import clamp_index, host_index, readable_on_host, switch_branch_of
 from .ops import cond_op, form_of, switch_op
 from .tracing import FlatBranch, raise_if_arity_error, recorded_spec
 
@@ -281,7 +281,7 @@ def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto", check_branche
         return _run_concrete(cond_op, labelled, 0 if pred else 1, operands, check_branches)
     if isinstance(pred, torch.Tensor):
         _check_pred_tensor(pred)
-        if is_concrete(pred):
+        if readable_on_host(pred):
             return _run_concrete(cond_op, labelled, 0 if pred else 1, operands, check_branches)
     pred = _normalize_pred(pred)
     return _call_operator(cond_op, pred, labelled, operands)
@@ -300,7 +300,7 @@ def _switch_slow(index, branches, operands, strategy="auto", check_branches=Fals
         return _run_concrete(switch_op, labelled, clamp_index(index, n), operands, check_branches)
     if isinstance(index, torch.Tensor):
         _check_index_tensor(index)
-        if is_concrete(index):
+        if readable_on_host(index):
             taken = clamp_index(host_index(index), n)
             return _run_concrete(switch_op, labelled, taken, operands, check_branches)
     index = _normalize_index(index, n)
@@ -468,12 +468,8 @@ _INTEGER_DTYPES = frozenset(
 )
 
 
-def _is_integer_dtype(dtype: torch.dtype) -> bool:
-    return dtype in _INTEGER_DTYPES
-
-
 def _check_index_tensor(index: torch.Tensor) -> None:
-    if not _is_integer_dtype(index.dtype):
+    if index.dtype not in _INTEGER_DTYPES:
         raise CondArgumentError(
             f"switch: argument 'index' must have an integer dtype; found {index.dtype}"
             + (" (use cond for a boolean predicate)" if index.dtype is _BOOL else "")

@@ -28,7 +28,7 @@ import torch
 from . import _compat, closures
 from .batching import map_conditional
 from .closures import closure_free
-from .forms import Form, is_concrete
+from .forms import Form, readable_on_host
 
 # --- the Autograd-key rule -----------------------------------------------------------
 
@@ -36,7 +36,7 @@ from .forms import Form, is_concrete
 def autograd_rule(form: Form, selector, branches, operands):
     if not torch.is_grad_enabled():
         return form.call_below_autograd(selector, branches, operands)
-    if is_concrete(selector):
+    if readable_on_host(selector):
         return form.taken_branch(selector, branches)(*operands)
     branches, operands = closures.lift(form, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
@@ -310,8 +310,3 @@ def _cache(branches, key, build):
     if hit is None:
         hit = per_graph[full_key] = (build(), tuple(branches[1:]))
     return hit[0]
-
-
-def cache_size() -> int:
-    """How many derivative conditionals are cached (for tests and diagnostics)."""
-    return sum(len(v) for v in _CACHE.values())

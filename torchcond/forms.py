@@ -75,7 +75,7 @@ def pack(selector, branches: Sequence, operands: tuple) -> tuple:
     return (selector, *branches, operands)
 
 
-def is_concrete(selector) -> bool:
+def readable_on_host(selector) -> bool:
     """Readable on the host right now: no tracing active, a real tensor or a number.
 
     Under a tracing mode the Autograd key runs before the mode's rule; reading the

@@ -29,8 +29,8 @@ from .forms import (
     clamp_index,
     cond_branch_of,
     host_index,
-    is_concrete,
     pack,
+    readable_on_host,
     switch_branch_of,
     unpack,
 )
@@ -45,6 +45,7 @@ class CondOp(_compat.HigherOrderOperator):
     def __init__(self):
         super().__init__("torchcond_cond")
 
+    # HigherOrderOperator.__call__ is abstract: each operator states its signature.
     def __call__(self, pred, true_fn, false_fn, operands):
         return super().__call__(pred, true_fn, false_fn, operands)
 
@@ -74,7 +75,8 @@ def _free_name(root: torch.nn.Module, prefix: str, start: int = 0) -> int:
     return i
 
 
-def _cond_graph_names(root, n):
+def _cond_graph_names(root, _n):
+    """``true_graph_i``/``false_graph_i`` with the first ``i`` free (``_n`` is always 2)."""
     i = 0
     while hasattr(root, f"true_graph_{i}") or hasattr(root, f"false_graph_{i}"):
         i += 1
@@ -186,7 +188,7 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     differentiate the conditional into conditionals (autograd.py), and vmap maps
     every branch (batching.py).
     """
-    if is_concrete(selector):
+    if readable_on_host(selector):
         return form.taken_branch(selector, branches)(*operands)
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
         if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
