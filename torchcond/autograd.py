@@ -29,6 +29,7 @@ from . import _compat, closures
 from .batching import map_conditional
 from .closures import closure_free
 from .forms import Form, readable_on_host
+from .tracing import materialize_graph
 
 # --- the Autograd-key rule -----------------------------------------------------------
 
@@ -229,7 +230,7 @@ def _jvp_of(branch: Callable, n: int, have: Sequence[int]):
 
 
 def _derivative_graph(fn, args) -> torch.fx.GraphModule:
-    gm = _compat.materialize_graph(fn, args)
+    gm = materialize_graph(fn, args)
     _drop_autograd_detaches(gm)
     return gm
 

@@ -20,6 +20,7 @@ import torch
 from . import _compat
 from ._compat import pytree
 from .forms import Form
+from .subgraph import getattr_path
 from .tracing import SpecCarrier, trace_branches
 
 
@@ -55,7 +56,7 @@ def lift(form: Form, branches, operands: tuple):
     # Under functionalization the tracer knows the unwrapped tensors: trace the
     # branches as the Functionalize rule would, then hand autograd the functional
     # wrappers of what was lifted.
-    wrappers = _compat.FunctionalWrappers()
+    wrappers = FunctionalWrappers()
     with _compat.below_autograd(), _compat.outside_functional_mode():
         functional = [
             SpecCarrier(_compat.functionalized(_recording(b, wrappers), mode), b) for b in branches
@@ -79,7 +80,7 @@ def closure_free(branch) -> bool:
     if not isinstance(branch, torch.fx.GraphModule):
         return False
     for node in branch.graph.find_nodes(op="get_attr"):
-        if not isinstance(_compat.getattr_path(branch, node.target), torch.fx.GraphModule):
+        if not isinstance(getattr_path(branch, node.target), torch.fx.GraphModule):
             return False
     return True
 
@@ -133,3 +134,26 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
             return branch(*args[:n_operands])
 
     return SpecCarrier(bound, branch)
+
+
+class FunctionalWrappers(torch.overrides.TorchFunctionMode):
+    """Records every functional tensor passed to a torch function, by what it wraps.
+
+    The tracer knows unwrapped tensors; autograd knows their functional wrappers.
+    A closure lifted from a functionalized trace is mapped back with ``outer``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._by_inner: dict[int, tuple] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        for value in pytree.tree_leaves((args, kwargs)):
+            inner = _compat.functional_inner(value)
+            if inner is not None:
+                self._by_inner[id(inner)] = (inner, value)
+        return func(*args, **(kwargs or {}))
+
+    def outer(self, value):
+        hit = self._by_inner.get(id(value))
+        return value if hit is None else hit[1]

@@ -148,3 +148,11 @@ def _copy_outputs(gm, indices, memory_format=None) -> None:
         outs[i] = copy
     output.args = (tuple(outs),)
     gm.recompile()
+
+
+def getattr_path(module: torch.nn.Module, target: str):
+    """``module.a.b`` for a get_attr node's dotted target."""
+    value = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value

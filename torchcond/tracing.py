@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import cast
@@ -195,7 +197,7 @@ def trace_branches(
     """
     if all(_traced_for(b) is parent_tracer for b in branches):
         return [cast(torch.fx.GraphModule, b) for b in branches], tuple(operands)
-    traced = [_compat.trace_subgraph_lifting(b, operands, parent_tracer) for b in branches]
+    traced = [trace_lifting(b, operands, parent_tracer) for b in branches]
     check_same_structure(branches, labels)
 
     lifted: dict[int, object] = {}
@@ -260,3 +262,183 @@ def _flat_branch(branch):
     while not isinstance(branch, FlatBranch) and getattr(branch, "origin", None) is not None:
         branch = branch.origin
     return branch
+
+
+# --- a function traced as a subgraph of the current trace, closures lifted ---------
+
+
+class _LiftingTracker:
+    """A proxy-slot table that, on a miss, lifts what the parent tracer knows.
+
+    make_fx's sub-tracer bakes a tensor it has never seen into the subgraph as a
+    constant, and fails on a SymInt it has never seen. Both are closures over values
+    of the enclosing graph. Here a miss asks the parent tracer; when the parent tracks
+    the value, it becomes a new placeholder of the subgraph and is recorded so the
+    caller can pass it in as an explicit operand.
+    """
+
+    def __init__(self, base, sub_tracer, parent_tracer, lifted: list):
+        self._base = base
+        self._sub = sub_tracer
+        self._parent = parent_tracer
+        self._lifted = lifted
+
+    def get(self, key, default=None):
+        value = self._base.get(key)
+        if value is None:
+            value = self._lift(key)
+        return default if value is None else value
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def __contains__(self, key):
+        return key in self._base
+
+    def __getitem__(self, key):
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key, value):
+        self._base[key] = value
+
+    def __len__(self):
+        return len(self._base)
+
+    def _lift(self, key):
+        outer = _compat.get_proxy_slot(key, self._parent, None)
+        if outer is not None:
+            outer_proxy = outer.proxy if isinstance(key, torch.Tensor) else outer.force()
+            name = outer_proxy.node.name
+        elif _compat.is_real_tensor(key):
+            # A plain tensor attribute or global: a constant of the whole program. It
+            # is lifted too, so the enclosing graph owns it (export lifts constants).
+            name = "closed_over_constant"
+        else:
+            return None
+        graph = self._sub.graph
+        placeholders = graph.find_nodes(op="placeholder")
+        where = (
+            graph.inserting_after(placeholders[-1])
+            if placeholders
+            else graph.inserting_before(next(iter(graph.nodes), None))
+        )
+        with where:
+            node = graph.placeholder(name)
+        node.target = node.name  # the argument name must be unique too
+        proxy = torch.fx.Proxy(node, self._sub)
+        if isinstance(key, torch.Tensor):
+            _compat.track_tensor_tree(key, proxy, constant=None, tracer=self._sub)
+        else:
+            node.meta["val"] = key
+            self._base[key] = _compat.thunkify(self._sub, lambda: proxy)
+        self._lifted.append((key, node))
+        return self._base.get(key)
+
+
+def trace_lifting(
+    fn: Callable, args: tuple, parent_fx_tracer, user_stack_traces: bool = True
+) -> tuple[torch.fx.GraphModule, list]:
+    """make_fx ``fn`` as a subgraph of the current trace, lifting closures.
+
+    Returns the GraphModule and ``[(value, placeholder_node), ...]`` for every value
+    lifted, in first-use order. With ``user_stack_traces`` nodes carry the user's
+    stack trace; without, they keep what the graph being re-run recorded.
+    """
+    parent = _compat.current_make_fx_tracer()
+    if parent.fx_tracer is not parent_fx_tracer:
+        # make_fx keeps its current tracer in a process-wide variable (2.11-2.15): with
+        # two threads tracing, it can be the other thread's, whose fake mode entered
+        # here aborts the process. The caller's tracer comes from this thread's modes.
+        raise RuntimeError(
+            "torchcond: cannot trace a branch: torch's current make_fx session belongs to "
+            "another thread (make_fx is not thread-safe; trace in one thread at a time)"
+        )
+    sub = _compat.new_sub_tracer(parent)
+    lifted: list = []
+    with _compat.sub_tracer_modes(sub, parent):
+        fx_tracer = sub.fx_tracer
+        _compat.wrap_proxy_slots(
+            fx_tracer, lambda table: _LiftingTracker(table, fx_tracer, parent_fx_tracer, lifted)
+        )
+        traces = _branch_stack_traces(fx_tracer) if user_stack_traces else contextlib.nullcontext()
+        with traces:
+            gm = _compat.trace_inner(sub, fn, args)
+    return gm, lifted
+
+
+_LIBRARY_DIRS = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # torchcond
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,  # torch
+)
+
+
+def _user_frames(stack):
+    """The frames of user code: neither torch's, torchcond's nor fx-generated."""
+    import traceback
+
+    return traceback.StackSummary.from_list(
+        [
+            f
+            for f in stack
+            if not f.filename.startswith("<eval_with_key>")  # fx's generated forward
+            and not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)
+        ]
+    )
+
+
+@contextlib.contextmanager
+def _branch_stack_traces(fx_tracer):
+    """Nodes record the branch's own source lines, not the line that called cond.
+
+    Export keeps the caller's stack trace in fx's "current meta" and stamps it on
+    every node it creates; while a branch is traced we hide it and let the tracer
+    record the user's frames (the innermost is the branch's line).
+    """
+    from torch.fx import traceback as fx_traceback
+
+    _compat.keep_stack_frames(fx_tracer, _user_frames)
+    meta = fx_traceback.current_meta
+    saved = meta.pop("stack_trace", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            meta["stack_trace"] = saved
+
+
+def _fresh_leaf(value):
+    """A new leaf tensor with ``value``'s metadata, tracked by no tracer or autograd graph."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+
+
+def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:
+    """Trace ``fn(*args)`` into a closure-free GraphModule, with autograd on.
+
+    Inputs are fresh leaf tensors shaped like ``args`` (so ``fn`` may make them
+    require grad and differentiate with respect to them). Inside a make_fx session
+    this is a subgraph of the current trace: same fake mode, same shape env, same
+    decompositions. Functionalization and the caller's modes are set aside while
+    tracing, as a HOP's branch tracing does.
+    """
+    in_session = _compat.in_make_fx_session()
+    parent_fx_tracer = _compat.active_fx_tracer()
+    fake_mode = _compat.fake_mode_of(args)
+    with contextlib.ExitStack() as stack:
+        # Outer torch.func levels stay outside: the graph is a plain function.
+        stack.enter_context(_compat.every_mode_set_aside())
+        if fake_mode is not None:
+            stack.enter_context(fake_mode)
+        with _compat.disable_proxy_modes_tracing():
+            leaves = tuple(_fresh_leaf(a) for a in args)
+        stack.enter_context(torch.enable_grad())
+        if in_session and parent_fx_tracer is not None:
+            gm, lifted = trace_lifting(fn, leaves, parent_fx_tracer, user_stack_traces=False)
+            if lifted:
+                raise AssertionError(f"derivative graph closed over {len(lifted)} values: {lifted}")
+            return gm
+        return _compat.make_fx_keeping_detach(fn, leaves)

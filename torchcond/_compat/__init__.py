@@ -9,7 +9,6 @@ When torch moves one of them, this module is the only file that changes.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -271,80 +270,6 @@ def storage_key(t: torch.Tensor) -> StorageWeakRef:
     return StorageWeakRef(t.untyped_storage())
 
 
-# --- tracing a branch with closure lifting -----------------------------------------
-
-
-class _LiftingTracker:
-    """A proxy-slot table that, on a miss, lifts what the parent tracer knows.
-
-    make_fx's sub-tracer bakes a tensor it has never seen into the subgraph as a
-    constant, and fails on a SymInt it has never seen. Both are closures over values
-    of the enclosing graph. Here a miss asks the parent tracer; when the parent tracks
-    the value, it becomes a new placeholder of the subgraph and is recorded so the
-    caller can pass it in as an explicit operand.
-    """
-
-    def __init__(self, base, sub_tracer, parent_tracer, lifted: list):
-        self._base = base
-        self._sub = sub_tracer
-        self._parent = parent_tracer
-        self._lifted = lifted
-
-    def get(self, key, default=None):
-        value = self._base.get(key)
-        if value is None:
-            value = self._lift(key)
-        return default if value is None else value
-
-    def __getattr__(self, name):
-        return getattr(self._base, name)
-
-    def __contains__(self, key):
-        return key in self._base
-
-    def __getitem__(self, key):
-        value = self.get(key)
-        if value is None:
-            raise KeyError(key)
-        return value
-
-    def __setitem__(self, key, value):
-        self._base[key] = value
-
-    def __len__(self):
-        return len(self._base)
-
-    def _lift(self, key):
-        outer = get_proxy_slot(key, self._parent, None)
-        if outer is not None:
-            outer_proxy = outer.proxy if isinstance(key, torch.Tensor) else outer.force()
-            name = outer_proxy.node.name
-        elif _is_real_tensor(key):
-            # A plain tensor attribute or global: a constant of the whole program. It
-            # is lifted too, so the enclosing graph owns it (export lifts constants).
-            name = "closed_over_constant"
-        else:
-            return None
-        graph = self._sub.graph
-        placeholders = graph.find_nodes(op="placeholder")
-        where = (
-            graph.inserting_after(placeholders[-1])
-            if placeholders
-            else graph.inserting_before(next(iter(graph.nodes), None))
-        )
-        with where:
-            node = graph.placeholder(name)
-        node.target = node.name  # the argument name must be unique too
-        proxy = torch.fx.Proxy(node, self._sub)
-        if isinstance(key, torch.Tensor):
-            track_tensor_tree(key, proxy, constant=None, tracer=self._sub)
-        else:
-            node.meta["val"] = key
-            self._base[key] = _proxy_tensor.thunkify(self._sub, lambda: proxy)
-        self._lifted.append((key, node))
-        return self._base.get(key)
-
-
 # ``is_fake_tensor`` exists from torch 2.14, and torch's own HOP code uses it from 2.15
 # on (ahead of a C++ FakeTensor that is not a Python subclass); 2.11 and 2.13 have only
 # the isinstance test.
@@ -355,15 +280,6 @@ def is_cpp_functional(value) -> bool:
     """A C++ FunctionalTensorWrapper (``torch._to_functional_tensor``); checked on
     2.11-2.14."""
     return isinstance(value, torch.Tensor) and torch._is_functional_tensor(value)
-
-
-def _is_real_tensor(value) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and not _is_fake(value)
-        and not is_cpp_functional(value)
-        and value.device.type != "meta"
-    )
 
 
 def _keeping_detach(table) -> dict:
@@ -384,7 +300,7 @@ def _keeping_detach(table) -> dict:
     return table
 
 
-def _new_sub_tracer(parent):
+def new_sub_tracer(parent):
     """A make_fx tracer configured like ``parent``, as ``trace_subgraph`` makes one."""
     if hasattr(parent, "_make_sub_tracer"):  # torch 2.13, 2.14
         return parent._make_sub_tracer(_keeping_detach(parent.decomposition_table))
@@ -400,87 +316,15 @@ def _new_sub_tracer(parent):
     )
 
 
+def in_make_fx_session() -> bool:
+    return _proxy_tensor._CURRENT_MAKE_FX_TRACER is not None
+
+
 def current_make_fx_tracer():
     tracer = _proxy_tensor._CURRENT_MAKE_FX_TRACER
     if tracer is None:
         raise RuntimeError("torchcond: a branch can only be traced inside a make_fx/export session")
     return tracer
-
-
-_LIBRARY_DIRS = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # torchcond
-    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,  # torch
-)
-
-
-def _user_frames(stack):
-    """The frames of user code: neither torch's, torchcond's nor fx-generated."""
-    import traceback
-
-    return traceback.StackSummary.from_list(
-        [
-            f
-            for f in stack
-            if not f.filename.startswith("<eval_with_key>")  # fx's generated forward
-            and not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)
-        ]
-    )
-
-
-@contextlib.contextmanager
-def _branch_stack_traces(fx_tracer):
-    """Nodes record the branch's own source lines, not the line that called cond.
-
-    Export keeps the caller's stack trace in fx's "current meta" and stamps it on
-    every node it creates; while a branch is traced we hide it and let the tracer
-    record the user's frames (the innermost is the branch's line).
-    ``_filter_traceback_frames`` is the tracer's documented override point.
-    """
-    from torch.fx import traceback as fx_traceback
-
-    fx_tracer.record_stack_traces = True
-    fx_tracer._filter_traceback_frames = _user_frames
-    meta = fx_traceback.current_meta
-    saved = meta.pop("stack_trace", None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            meta["stack_trace"] = saved
-
-
-def trace_subgraph_lifting(
-    fn: Callable, args: tuple, parent_fx_tracer, user_stack_traces: bool = True
-) -> tuple[torch.fx.GraphModule, list]:
-    """make_fx ``fn`` as a subgraph of the current trace, lifting closures.
-
-    Returns the GraphModule and ``[(value, placeholder_node), ...]`` for every value
-    lifted, in first-use order. With ``user_stack_traces`` nodes carry the user's
-    stack trace; without, they keep what the graph being re-run recorded.
-    """
-    parent = current_make_fx_tracer()
-    if parent.fx_tracer is not parent_fx_tracer:
-        # make_fx keeps its current tracer in a process-wide variable (2.11-2.15): with
-        # two threads tracing, it can be the other thread's, whose fake mode entered
-        # here aborts the process. The caller's tracer comes from this thread's modes.
-        raise RuntimeError(
-            "torchcond: cannot trace a branch: torch's current make_fx session belongs to "
-            "another thread (make_fx is not thread-safe; trace in one thread at a time)"
-        )
-    sub = _new_sub_tracer(parent)
-    lifted: list = []
-    with sub._init_modes_from_parent(parent):
-        fx_tracer = sub.fx_tracer
-        fx_tracer.tensor_tracker = _LiftingTracker(
-            fx_tracer.tensor_tracker, fx_tracer, parent_fx_tracer, lifted
-        )
-        fx_tracer.symnode_tracker = _LiftingTracker(
-            fx_tracer.symnode_tracker, fx_tracer, parent_fx_tracer, lifted
-        )
-        traces = _branch_stack_traces(fx_tracer) if user_stack_traces else contextlib.nullcontext()
-        with traces:
-            gm = sub._trace_inner(run_with_interpreter(fn), *args)
-    return gm, lifted
 
 
 # --- derivative graphs -------------------------------------------------------------
@@ -490,51 +334,6 @@ def active_fx_tracer():
     """The fx tracer of the innermost active make_fx proxy mode, or None."""
     mode = _proxy_tensor.get_proxy_mode()
     return None if mode is None else mode.tracer
-
-
-def _fresh_leaf(value):
-    """A new leaf tensor with ``value``'s metadata, tracked by no tracer or autograd graph."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
-
-
-def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:
-    """Trace ``fn(*args)`` into a closure-free GraphModule, with autograd on.
-
-    Inputs are fresh leaf tensors shaped like ``args`` (so ``fn`` may make them
-    require grad and differentiate with respect to them). Inside a make_fx session
-    this is a subgraph of the current trace: same fake mode, same shape env, same
-    decompositions. Functionalization and the caller's modes are set aside while
-    tracing, as a HOP's branch tracing does.
-    """
-    from torch._dispatch.python import suspend_functionalization
-    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-    from torch._subclasses.functional_tensor import disable_functional_mode
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    make_fx_tracer = _proxy_tensor._CURRENT_MAKE_FX_TRACER
-    parent_fx_tracer = active_fx_tracer()
-    fake_mode = fake_mode_of(args)
-    with contextlib.ExitStack() as stack:
-        # Outer torch.func levels stay outside: the graph is a plain function.
-        stack.enter_context(temporarily_clear_interpreter_stack())
-        stack.enter_context(suspend_functionalization())
-        stack.enter_context(disable_functional_mode())
-        stack.enter_context(_disable_current_modes())
-        if fake_mode is not None:
-            stack.enter_context(fake_mode)
-        with disable_proxy_modes_tracing():
-            leaves = tuple(_fresh_leaf(a) for a in args)
-        stack.enter_context(torch.enable_grad())
-        if make_fx_tracer is not None and parent_fx_tracer is not None:
-            gm, lifted = trace_subgraph_lifting(
-                fn, leaves, parent_fx_tracer, user_stack_traces=False
-            )
-            if lifted:
-                raise AssertionError(f"derivative graph closed over {len(lifted)} values: {lifted}")
-            return gm
-        return _proxy_tensor.make_fx(run_with_interpreter(fn), _keeping_detach(None))(*leaves)
 
 
 def fake_mode_of(args):
@@ -553,14 +352,6 @@ def trace_as_export_would(fn: Callable, args: tuple) -> torch.fx.GraphModule:
     return _proxy_tensor.make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
 
 
-def getattr_path(module: torch.nn.Module, target: str):
-    """``module.a.b`` for a get_attr node's dotted target."""
-    value = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def traced_node(t: torch.Tensor):
     """The node the innermost make_fx tracer recorded for ``t``, or None."""
     tracer = active_fx_tracer()
@@ -568,6 +359,80 @@ def traced_node(t: torch.Tensor):
         return None
     slot = get_proxy_slot(t, tracer, None)
     return None if slot is None else slot.proxy.node
+
+
+# --- make_fx internals that branch tracing (tracing.py) builds on --------------------
+# Checked on 2.11, 2.13, 2.14 and 2.15: a sub-tracer shares its parent's modes through
+# ``_init_modes_from_parent`` and traces with ``_trace_inner``; its proxy-slot tables
+# are ``tensor_tracker``/``symnode_tracker``; ``_filter_traceback_frames`` is the
+# tracer's override point for the frames a node's stack trace keeps.
+
+
+def is_real_tensor(value) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and not _is_fake(value)
+        and not is_cpp_functional(value)
+        and value.device.type != "meta"
+    )
+
+
+def thunkify(tracer, fn):
+    return _proxy_tensor.thunkify(tracer, fn)
+
+
+def wrap_proxy_slots(fx_tracer, wrap) -> None:
+    """Replace ``fx_tracer``'s tensor and SymInt slot tables by ``wrap(table)``."""
+    fx_tracer.tensor_tracker = wrap(fx_tracer.tensor_tracker)
+    fx_tracer.symnode_tracker = wrap(fx_tracer.symnode_tracker)
+
+
+def sub_tracer_modes(sub, parent):
+    """The context in which ``sub`` traces with ``parent``'s fake and proxy modes."""
+    return sub._init_modes_from_parent(parent)
+
+
+def trace_inner(sub, fn: Callable, args: tuple) -> torch.fx.GraphModule:
+    return sub._trace_inner(run_with_interpreter(fn), *args)
+
+
+def keep_stack_frames(fx_tracer, keep: Callable) -> None:
+    """Nodes record stack traces, made of the frames ``keep(frames)`` returns."""
+    fx_tracer.record_stack_traces = True
+    fx_tracer._filter_traceback_frames = keep
+
+
+def make_fx_keeping_detach(fn: Callable, args: tuple) -> torch.fx.GraphModule:
+    """A fresh make_fx trace of ``fn`` (see ``_keeping_detach``)."""
+    return _proxy_tensor.make_fx(run_with_interpreter(fn), _keeping_detach(None))(*args)
+
+
+@contextlib.contextmanager
+def every_mode_set_aside():
+    """No torch.func level, functionalization or dispatch mode active, as for a HOP's
+    branch tracing (the caller re-enters the fake mode it needs)."""
+    from torch._dispatch.python import suspend_functionalization
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+    from torch._subclasses.functional_tensor import disable_functional_mode
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with (
+        temporarily_clear_interpreter_stack(),
+        suspend_functionalization(),
+        disable_functional_mode(),
+        _disable_current_modes(),
+    ):
+        yield
+
+
+def functional_inner(value):
+    """What a FunctionalTensor (Python functionalization's wrapper) holds, below its
+    C++ wrapper too; None for anything else."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if not isinstance(value, FunctionalTensor):
+        return None
+    return torch._from_functional_tensor(value.elem)
 
 
 # --- functionalization seen from the Autograd key ------------------------------------
@@ -595,31 +460,6 @@ def functionalized(fn: Callable, mode) -> Callable:
     from torch._subclasses.functional_tensor import dispatch_functionalize
 
     return dispatch_functionalize(fn, mode)
-
-
-class FunctionalWrappers(torch.overrides.TorchFunctionMode):
-    """Records every functional tensor passed to a torch function, by what it wraps.
-
-    The tracer knows unwrapped tensors; autograd knows their functional wrappers.
-    A closure lifted from a functionalized trace is mapped back with ``outer``.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self._by_inner: dict[int, tuple] = {}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        from torch._subclasses.functional_tensor import FunctionalTensor
-
-        for value in pytree.tree_leaves((args, kwargs)):
-            if isinstance(value, FunctionalTensor):
-                inner = torch._from_functional_tensor(value.elem)
-                self._by_inner[id(inner)] = (inner, value)
-        return func(*args, **(kwargs or {}))
-
-    def outer(self, value):
-        hit = self._by_inner.get(id(value))
-        return value if hit is None else hit[1]
 
 
 # --- fused select fast path ------------------------------------------------------------
