@@ -1,17 +1,22 @@
-// The torchcond operator library: schemas and their registration.
+// The torchcond operator library: schemas and their registration, and the Python
+// module torchcond._C.
 //
 // The fused branch-select kernels register their implementations under this library
 // (cpu/select_cpu.cpp: CPU; cuda/select.cu: CUDA). Their fake (meta) kernels,
-// autograd and vmap rules are registered from Python, in torchcond/select_rules.py.
-#include <Python.h>
-
+// autograd and vmap rules are registered from Python, in torchcond/select_ops.py; the
+// fake kernels check their arguments with the kernels' own checks (select_common.h),
+// which this module exposes to Python as _check_select and _check_select_n.
+#include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
+
+#include "select_common.h"
 
 namespace torchcond {
 
-// Bumped whenever a schema below changes; torchcond/_extension.py (ABI_VERSION) checks
-// it at import, so a library left from another checkout is caught there.
-constexpr int64_t kAbiVersion = 2;
+// Bumped whenever a schema below or a function of torchcond._C changes.
+// torchcond/_extension.py compares it with its ABI_VERSION when torchcond is imported,
+// so a library left from another checkout fails the import with what to rebuild.
+constexpr int64_t kAbiVersion = 3;
 
 int64_t abi_version() { return kAbiVersion; }
 
@@ -26,26 +31,33 @@ bool built_with_cuda() {
 TORCH_LIBRARY(torchcond, m) {
   // Python registrations (register_fake, register_autograd, register_vmap) for the
   // ops below live in this module; torch asks for it to be imported when needed.
-  m.set_python_module("torchcond.select_rules");
+  m.set_python_module("torchcond.select_ops");
   m.def("abi_version() -> int", &abi_version);
   m.def("built_with_cuda() -> bool", &built_with_cuda);
   // out[i] = pred ? true_values[i] : false_values[i], elementwise; pred is 0-d or its
   // shape is a prefix of every value's shape. Reads only the selected side.
   m.def("select(Tensor pred, Tensor[] true_values, Tensor[] false_values) -> Tensor[]");
-  // out[i] = cases[k * n_out + i] with k = clamp(index, 0, num_branches - 1).
+  // out[i] = cases[k * n_out + i] with k = clamp(index, 0, num_branches - 1). Errors
+  // name a value cases[k][i], as torchcond.select_n's nested argument does.
   m.def("select_n(Tensor index, Tensor[] cases, int num_branches) -> Tensor[]");
-  // Tests only (cpu/select_cuda_emulation.cpp): the CUDA kernel and its launcher run
-  // on the CPU. Returns the outputs, then the number of kernel launches (0-d int64).
-  m.def("_select_cuda_emulated(Tensor selector, Tensor[] cases, int num_branches, bool is_bool) -> Tensor[]");
 }
 
 }  // namespace torchcond
 
-// A Python module with no functions: importing it loads the library above.
-extern "C" {
-PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {
-      PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
+// The argument checks of torch.ops.torchcond.select/select_n, for their fake kernels:
+// the same arguments, the same errors (ValueError, TypeError), no outputs. The tensors
+// may be fake (their devices and symbolic shapes are read as the kernels would see
+// them) or meta.
+PYBIND11_MODULE(_C, m) {
+  m.def(
+      "_check_select",
+      [](const at::Tensor& pred, const std::vector<at::Tensor>& true_values,
+         const std::vector<at::Tensor>& false_values) { torchcond::check_select(pred, true_values, false_values); },
+      pybind11::arg("pred"), pybind11::arg("true_values"), pybind11::arg("false_values"));
+  m.def(
+      "_check_select_n",
+      [](const at::Tensor& index, const std::vector<at::Tensor>& cases, int64_t num_branches) {
+        torchcond::check_select_n(index, cases, num_branches);
+      },
+      pybind11::arg("index"), pybind11::arg("cases"), pybind11::arg("num_branches"));
 }

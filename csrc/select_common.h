@@ -39,19 +39,25 @@ struct SelectCall {
   }
 };
 
-// Checks the arguments (messages name the argument, what was expected and what was
-// found), allocates the outputs and plans each non-empty one. `is_bool_select`:
-// select (bool pred, two branches) rather than select_n (integer index).
-// The tensors of `branches` must outlive the returned call (they are the op's
-// arguments). select_n: `cases` split into num_branches lists of n_out values.
-SelectCall prepare_select(
-    const at::Tensor& selector,
-    std::vector<at::TensorList> branches,
-    bool is_bool_select);
+// The one place select's arguments are checked: the CPU and CUDA kernels call these
+// through prepare_select_*, and the fake (meta) rule in torchcond/select_ops.py calls
+// them through torchcond._C (_check_select/_check_select_n), so eager calls, meta
+// tensors and fake tensors under tracing raise the same errors. Each message names
+// the argument, what was expected and what was found, in the words of the public
+// torchcond.select/select_n (a select_n value is cases[k][i]: branch k's output i);
+// it starts with "torchcond::select: " or "torchcond::select_n: ", which the Python
+// entry points strip when they raise it as a CondArgumentError. Wrong values raise
+// c10::ValueError (Python ValueError), wrong dtypes or layouts c10::TypeError.
+// Shapes are read as SymInts: under symbolic tracing a comparison guards.
+void check_select(const at::Tensor& pred, at::TensorList true_values, at::TensorList false_values);
+void check_select_n(const at::Tensor& index, at::TensorList cases, int64_t num_branches);
 
-SelectCall prepare_select_n(const at::Tensor& index, at::TensorList cases, int64_t num_branches);
-
-// select(pred, true_values, false_values): the two lists must pair up.
+// Checks the arguments (as above), allocates the outputs and plans each non-empty
+// one. The tensors of the lists must outlive the returned call (they are the op's
+// arguments).
 SelectCall prepare_select_bool(const at::Tensor& pred, at::TensorList true_values, at::TensorList false_values);
+
+// select_n: `cases` is branch-major, num_branches lists of n_out values.
+SelectCall prepare_select_n(const at::Tensor& index, at::TensorList cases, int64_t num_branches);
 
 }  // namespace torchcond

@@ -327,7 +327,7 @@ def test_select_strategy_refuses_writes_under_compile(backend):
     torch._dynamo.reset()
     x = torch.full((3,), 2.0)
     compiled = torch.compile(f, backend=backend, fullgraph=True)
-    with pytest.raises(Exception, match="true_fn: .*(mutation|[Mm]utating)"):
+    with pytest.raises(Exception, match=r"true_fn: .*(mutation|[Mm]utating)"):
         compiled(torch.tensor(False), x, torch.tensor(0))
     torch.testing.assert_close(x, torch.full((3,), 2.0))
 

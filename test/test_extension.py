@@ -6,11 +6,11 @@ import torchcond
 
 
 def test_library_is_registered_with_the_current_abi():
-    assert torch.ops.torchcond.abi_version() == 2
+    assert torch.ops.torchcond.abi_version() == 3
 
 
 def test_select_operators_run_on_every_registered_device():
-    import torchcond.select_rules  # noqa: F401  (fake/autograd/vmap rules)
+    import torchcond.select_ops  # noqa: F401  (fake/autograd/vmap rules)
 
     ops = torch.ops.torchcond
     devices = ["cpu", "meta"]
@@ -25,6 +25,12 @@ def test_select_operators_run_on_every_registered_device():
         assert out.shape == out_n.shape == (2, 3) and out.device.type == device
         if device != "meta":
             assert out.tolist() == [[1.0] * 3, [0.0] * 3] and out_n.tolist() == [[0.0] * 3] * 2
+
+
+def test_test_only_ops_are_not_in_the_library():
+    # the CUDA kernel's CPU emulation is a test extension (test/cuda_emulation.py)
+    assert not hasattr(torch.ops.torchcond, "_select_cuda_emulated")
+    assert {"_check_select", "_check_select_n"} <= set(dir(torchcond._C))
 
 
 def test_cuda_kernels_are_built_exactly_when_torch_has_cuda():

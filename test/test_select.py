@@ -2,8 +2,9 @@
 
 Every result is compared with a torch.where reference. CUDA tests run only where
 torch.cuda.is_available(); on CPU-only machines the CUDA kernel and its launcher are
-still exercised through ``torch.ops.torchcond._select_cuda_emulated``, which runs the
-same kernel code on the CPU one (block, thread) at a time.
+still exercised through ``torch.ops.torchcond_testing.select_cuda_emulated``, a test
+extension (``cuda_emulation.py``) that runs the same kernel code on the CPU one
+(block, thread) at a time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 
 import pytest
 import torch
+from cuda_emulation import emulation_ops
 
 import torchcond  # noqa: F401  (loads the extension)
 from torchcond import CondArgumentError, select, select_n
@@ -106,13 +108,13 @@ def assert_same(outs, refs):
 
 
 def emulated_select(pred, ts, fs):
-    *outs, launches = OPS._select_cuda_emulated(pred, list(ts) + list(fs), 2, True)
+    *outs, launches = emulation_ops().select_cuda_emulated(pred, list(ts) + list(fs), 2, True)
     return outs, int(launches)
 
 
 def emulated_select_n(index, cases):
     flat = [v for c in cases for v in c]
-    *outs, launches = OPS._select_cuda_emulated(index, flat, len(cases), False)
+    *outs, launches = emulation_ops().select_cuda_emulated(index, flat, len(cases), False)
     return outs, int(launches)
 
 
@@ -452,7 +454,7 @@ def test_operator_errors_name_the_argument():
         OPS.select(pred, [t], [f.double()])
     with pytest.raises(
         ValueError,
-        match=r"pred: expected a 0-d tensor or one whose shape is a prefix .* \(3,\) is not a prefix of the shape \(4, 3\) of true_values\[0\]",
+        match=r"pred: expected a 0-d tensor or one whose shape is a prefix .* \(3,\) is not a prefix of true_values\[0\]'s shape \(4, 3\)",
     ):
         OPS.select(pred, [t.T], [f.T])
     with pytest.raises(ValueError, match=r"num_branches: expected at least 1, found 0"):
@@ -461,11 +463,9 @@ def test_operator_errors_name_the_argument():
         ValueError, match=r"cases: expected a multiple of num_branches \(2\) tensors.* found 3"
     ):
         OPS.select_n(torch.tensor(0), [t, f, t], 2)
-    with pytest.raises(TypeError, match=r"index: expected an integer dtype .* found torch.float32"):
+    with pytest.raises(TypeError, match=r"index: expected an integer dtype, found torch.float32"):
         OPS.select_n(torch.tensor(0.0), [t, f], 2)
-    with pytest.raises(
-        ValueError, match=r"cases\[3\] \(branch 1, output 1\): expected shape \(3,\)"
-    ):
+    with pytest.raises(ValueError, match=r"cases\[1\]\[1\]: expected shape \(3,\)"):
         OPS.select_n(torch.tensor(0), [t, torch.ones(3), f, torch.ones(4)], 2)
     # mixed with meta tensors, the call reaches the fake kernel, which checks devices too
     with pytest.raises(
@@ -475,9 +475,85 @@ def test_operator_errors_name_the_argument():
         OPS.select(torch.tensor(True), [t, t.to("meta")], [f, f.to("meta")])
     with pytest.raises(
         (ValueError, TypeError),
-        match=r"index: expected a tensor on meta .* or a 0-d CPU tensor, found one of shape \(3,\) on cpu",
+        match=r"index: expected a tensor on meta .* or a 0-d CPU tensor, found shape \(3,\) on cpu",
     ):
         OPS.select_n(torch.tensor([0, 1, 0]), [t.to("meta"), f.to("meta")], 2)
+
+
+def _bad_calls():
+    """Calls with one mistake each, ``(p, i, t, f) -> outputs``."""
+    return [
+        lambda p, i, t, f: select(p, [t, t], [f]),
+        lambda p, i, t, f: select(p, [t], [f[:, :3]]),
+        lambda p, i, t, f: select(p, [t], [f.double()]),
+        lambda p, i, t, f: select(i, [t], [f]),
+        lambda p, i, t, f: select(p[:2], [t], [f]),
+        lambda p, i, t, f: select_n(p, [[t], [f]]),
+        lambda p, i, t, f: select_n(i, [[t], [f], [f.T]]),
+        lambda p, i, t, f: select_n(i.float(), [[t], [f]]),
+        lambda p, i, t, f: select_n(i[:, None].expand(3, 2), [[t], [f]]),
+    ]
+
+
+@pytest.mark.parametrize("call", range(len(_bad_calls())))
+def test_traced_calls_raise_the_eager_errors(call):
+    # The fake kernels run the kernels' own C++ checks: make_fx, fake tensors and
+    # meta tensors raise the CondArgumentError an eager call does, word for word.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fn = _bad_calls()[call]
+    args = (
+        torch.tensor([True, False, True]),
+        torch.tensor([0, 1, 1]),
+        torch.zeros(3, 4),
+        torch.ones(3, 4),
+    )
+    with pytest.raises(CondArgumentError) as eager:
+        fn(*args)
+    with pytest.raises(CondArgumentError) as traced:
+        make_fx(fn, tracing_mode="fake")(*args)
+    assert str(traced.value) == str(eager.value)
+    with pytest.raises(CondArgumentError) as meta:
+        fn(*(a.to("meta") for a in args))
+    assert str(meta.value) == str(eager.value).replace(" on cpu", " on meta")
+
+
+def test_symbolic_tracing_checks_shapes():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    t, f = torch.zeros(3, 4), torch.ones(3, 5)
+    with pytest.raises(
+        CondArgumentError,
+        match=r"^false_values\[0\]: expected shape \(s\d+, s\d+\), torch.float32 on cpu \(as true_values\[0\]\), found shape \(s\d+, s\d+\)",
+    ):
+        make_fx(lambda p, t, f: select(p, [t], [f]), tracing_mode="symbolic")(
+            torch.tensor(True), t, f
+        )
+    # equal sizes are equal symbols: no error, and the graph holds the operator
+    gm = make_fx(lambda p, t, f: select(p, [t], [f]), tracing_mode="symbolic")(
+        torch.tensor([True, False, True]), t, torch.ones(3, 4)
+    )
+    assert OPS.select.default in {n.target for n in gm.graph.nodes}
+
+
+def test_fake_kernels_raise_the_operator_errors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t, f = torch.zeros(3, 4), torch.ones(3, 4)
+    pred = torch.tensor([True, False, True])
+    calls = [
+        lambda: OPS.select(pred, [t], [f, f]),
+        lambda: OPS.select(pred.int(), [t], [f]),
+        lambda: OPS.select(pred, [t], [f.double()]),
+        lambda: OPS.select_n(pred.long(), [t, f, t], 2),
+        lambda: OPS.select_n(pred.long(), [t, f.T], 2),
+    ]
+    for call in calls:
+        with pytest.raises((ValueError, TypeError)) as eager:
+            call()
+        with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(type(eager.value)) as fake:
+            call()
+        assert str(fake.value) == str(eager.value)
 
 
 # --- registrations: opcheck, fake tensors, autograd, vmap, torch.func ---------------------

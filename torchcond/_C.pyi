@@ -1,3 +1,10 @@
-# torchcond._C defines no Python names: loading it registers the torchcond operator
-# library (torch.ops.torchcond.*) with the dispatcher. torchcond/fused_select.py
-# holds the typed Python entry points.
+# Loading torchcond._C registers the torchcond operator library
+# (torch.ops.torchcond.*) with the dispatcher; torchcond/select_ops.py holds the typed
+# Python entry points. Its two functions are the operators' argument checks, which
+# the fake kernels in select_ops.py call; they raise ValueError or TypeError.
+import torch
+
+def _check_select(
+    pred: torch.Tensor, true_values: list[torch.Tensor], false_values: list[torch.Tensor]
+) -> None: ...
+def _check_select_n(index: torch.Tensor, cases: list[torch.Tensor], num_branches: int) -> None: ...

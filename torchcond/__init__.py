@@ -16,8 +16,8 @@ from .errors import (
     CondError,
     UnsupportedCondError,
 )
-from .fused_select import select, select_n
 from .ops import cond_op, switch_op
+from .select_ops import select, select_n
 
 __all__ = [
     "BranchMismatchError",

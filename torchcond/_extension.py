@@ -15,8 +15,9 @@ import warnings
 
 import torch
 
-# Bumped with every schema change in csrc/ops.cpp (kAbiVersion there).
-ABI_VERSION = 2
+# Bumped with every change to the operators' schemas or torchcond._C's functions
+# (csrc/ops.cpp, kAbiVersion there).
+ABI_VERSION = 3
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REBUILD = (

@@ -3,7 +3,7 @@
 * Selector the same for every example: each branch is vmapped and the conditional
   stays one conditional (one node when traced).
 * Selector batched (one value per example): no single branch can be chosen, so
-  every branch runs on the whole batch and one fused select (``fused_select.py``) picks,
+  every branch runs on the whole batch and one fused select (``select_ops.py``) picks,
   per example, the taken branch's value of every output leaf.
 
 ``run_all_and_select`` is that second form on its own; ``strategy="select"`` uses it
@@ -22,8 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat
-from . import fused_select as select
+from . import _compat, select_ops
 from .errors import BranchMismatchError
 from .forms import Form
 from .tracing import SpecCarrier, checked_output_paths, operand_paths
@@ -154,8 +153,8 @@ def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, lab
 def select_outputs(which, first, outputs) -> tuple:
     """One fused select over every output (see ``run_every_branch``)."""
     if which is None or len(outputs) == 2:
-        return tuple(select.select(first, outputs[0], outputs[1]))
-    return tuple(select.select_n(which, outputs))
+        return tuple(select_ops.select(first, outputs[0], outputs[1]))
+    return tuple(select_ops.select_n(which, outputs))
 
 
 def _batch_first(t: torch.Tensor, level: int, size: int) -> torch.Tensor:
@@ -213,7 +212,7 @@ def _masked(mask: torch.Tensor, operands, guarded) -> list:
     """``operands`` unchanged forward; the backward of those at ``guarded`` reads only
     the examples ``mask`` selects (one fused select for all of them)."""
     values = [operands[i] for i in guarded]
-    masked = select.select(mask, values, [v.detach() for v in values])
+    masked = select_ops.select(mask, values, [v.detach() for v in values])
     inputs = list(operands)
     for i, value in zip(guarded, masked):
         inputs[i] = value

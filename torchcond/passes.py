@@ -14,7 +14,7 @@ from typing import cast
 
 import torch
 
-from . import select_rules  # noqa: F401  (registers the select operators' rules)
+from . import select_ops  # noqa: F401  (registers the select operators' rules)
 from .errors import BranchMismatchError
 from .ops import cond_op, switch_op
 from .subgraph import output_values

@@ -34,7 +34,7 @@
 //     arithmetic when the output has fewer than 2^32 elements, else 64-bit).
 // All offsets are int64: outputs with more than 2^31 elements are fine.
 //
-// Host emulation: with TORCHCOND_CUDA_EMULATION defined (csrc/cpu/cuda_emulation.h)
+// Host emulation: with TORCHCOND_CUDA_EMULATION defined (test/csrc/cuda_emulation.h)
 // this header compiles as plain C++ and the kernel runs on the CPU one (block, thread)
 // at a time, which is exact because the kernel has no shared memory and no barriers.
 // The tests use that to check this kernel and its launcher on machines without a GPU.

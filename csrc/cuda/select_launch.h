@@ -1,7 +1,7 @@
 // Descriptor packing for select_kernel.cuh: turns a planned SelectCall into one or
 // more LaunchParams and hands each to `launch(params, grid)`. Shared by the real CUDA
 // path (cuda/select.cu, which launches on the current stream) and the host emulation
-// (cpu/select_cuda_emulation.cpp, which runs the kernel on the CPU for the tests).
+// (test/csrc/select_cuda_emulation.cpp, which runs the kernel on the CPU for the tests).
 //
 // Include select_kernel.cuh first (with the namespace and emulation macros the
 // includer wants); this header uses the namespace it was given.

@@ -1,5 +1,5 @@
 // Just enough of CUDA to compile cuda/select_kernel.cuh as plain C++ and run its
-// kernel on the CPU (see select_cuda_emulation.cpp). A kernel launch becomes a loop
+// kernel on the CPU (see select_cuda_emulation.cpp beside it). A kernel launch becomes a loop
 // over (block, thread) that calls the kernel function once per thread. That is exact
 // for kernels without shared memory or barriers, which is the case for the select
 // kernel, and the whole point: the kernel's indexing, tiling and packing get tested
