@@ -16,12 +16,12 @@ tensor with ``requires_grad=True``; branches ``(a.sin() * a).sum()`` /
 * switch, tensor index: ``switch(i, branches, (x,))`` versus ``branches[int(i)](x)``
   with 3 branches and ``i`` an int64 scalar tensor.
 
-Method as in ``bench_eager.py``: ``timeit`` with the statement compiled inline, gc
-off while timing, best-of-N interleaved rounds with the order rotating, loop counts
-calibrated for the fast candidates. ``torch.cond`` (a dynamo compile-cache lookup
-per eager call, and a compiled autograd.Function) is warmed up, then timed with a
-fixed small number of calls; dynamo's recompile limits are raised and the number of
-graphs compiled during the timed rounds is reported (expected: 0).
+Method as in ``bench_eager.py`` (``common.measure``): ``torch.utils.benchmark.Timer``,
+``blocked_autorange`` in interleaved rounds with the order rotating, merged; the fastest
+block is reported. ``torch.cond`` (a dynamo compile-cache lookup per eager
+call, and a compiled autograd.Function) is warmed up first; dynamo's recompile limits
+are raised and the number of graphs compiled during the timed rounds is reported
+(expected: 0).
 
 Part 2, peak memory of one training step of a module whose branches are two MLPs
 (``Linear(256, 256), ReLU, Linear(256, 256)`` each), batch 64, predicate
@@ -62,12 +62,11 @@ import argparse
 import contextlib
 import gc
 import os
-import platform
 import sys
 import tempfile
 import time
 
-import timing  # benchmarks/timing.py: the shared timing method
+import common  # benchmarks/common.py
 import torch
 from torch import nn
 
@@ -121,18 +120,6 @@ def torch_cond(x):
 # --- part 1: timing (same method as bench_eager.py) -------------------------------------
 
 
-def _raise_dynamo_limits() -> str:
-    import torch._dynamo.config as cfg
-
-    limit_name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    setattr(cfg, limit_name, max(getattr(cfg, limit_name), 64))
-    if hasattr(cfg, "accumulated_recompile_limit"):
-        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
-    elif hasattr(cfg, "accumulated_cache_size_limit"):
-        cfg.accumulated_cache_size_limit = max(cfg.accumulated_cache_size_limit, 1024)
-    return f"{limit_name}={getattr(cfg, limit_name)}"
-
-
 def _short_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
@@ -141,8 +128,7 @@ def _short_error(exc: BaseException) -> str:
 def time_part(args) -> tuple[list, list[str]]:
     quick = args.quick
     rounds = args.rounds or (3 if quick else 7)
-    target_s = 0.01 if quick else 0.2
-    torch_cond_calls = 3 if quick else 20
+    min_run_time = 0.01 if quick else 0.2
     torch_cond_warmup = 2 if quick else 5
 
     torch.manual_seed(0)
@@ -182,7 +168,7 @@ def time_part(args) -> tuple[list, list[str]]:
     run_torch_cond = not args.no_torch_cond
     compiled_before = 0
     if run_torch_cond:
-        limits = _raise_dynamo_limits()
+        limits = common.raise_dynamo_limits()
         try:
             t0 = time.perf_counter()
             got = torch.autograd.grad(torch_cond(x), (x,))[0]
@@ -193,11 +179,10 @@ def time_part(args) -> tuple[list, list[str]]:
             for _ in range(torch_cond_warmup):
                 torch.autograd.grad(torch_cond(x), (x,))
                 torch.autograd.grad(torch.cond(p, f_true, f_false, (x,)), (x,))
-            compiled_before = timing.dynamo_frames_compiled()
+            compiled_before = common.dynamo_graphs_compiled()
             notes.append(
                 f"torch.cond: dynamo {limits}; first forward+backward call {first * 1e3:.0f} ms "
-                f"(imports dynamo, compiles); warm-up {torch_cond_warmup} calls per case; "
-                f"{torch_cond_calls} calls per measurement"
+                f"(imports dynamo, compiles); warm-up {torch_cond_warmup} calls per case"
             )
         except Exception as exc:  # report and go on without it
             run_torch_cond = False
@@ -206,15 +191,28 @@ def time_part(args) -> tuple[list, list[str]]:
         notes.append("torch.cond skipped")
 
     rows = []  # (case, baseline stmt, base s, cand name, cand stmt, cand s, target)
-    fixed = {"torch.cond": torch_cond_calls}
+    records = []  # the same, with the statistics, for the JSON
 
     def case(title, baseline, cands):
-        timers = {"baseline": timing.timer(baseline, ns)}
-        timers.update({name: timing.timer(stmt, ns) for name, stmt in cands.items()})
-        best, _ = timing.measure(timers, rounds, target_s, fixed, max_number=1_000_000)
+        timers = {"python": common.timer(baseline, ns, "autograd", title, "python")}
+        for name, stmt in cands.items():
+            timers[name] = common.timer(stmt, ns, "autograd", title, name)
+        ms = common.measure(timers, rounds, min_run_time)
         for name, stmt in cands.items():
             target = f"<= {TIME_TARGET}x" if name.startswith("torchcond") else "-"
-            rows.append((title, baseline, best["baseline"], name, stmt, best[name], target))
+            bt, ct = common.best(ms["python"]), common.best(ms[name])
+            rows.append((title, baseline, bt, name, stmt, ct, target))
+            records.append(
+                {
+                    "case": title,
+                    "baseline_stmt": baseline,
+                    "candidate": name,
+                    "candidate_stmt": stmt,
+                    "baseline": common.stats(ms["python"]),
+                    "result": common.stats(ms[name]),
+                    "ratio": ct / bt,
+                }
+            )
 
     gc.collect()
     t_start = time.perf_counter()
@@ -235,15 +233,15 @@ def time_part(args) -> tuple[list, list[str]]:
     )
     elapsed = time.perf_counter() - t_start
     if run_torch_cond:
-        recompiles = timing.dynamo_frames_compiled() - compiled_before
+        recompiles = common.dynamo_graphs_compiled() - compiled_before
         notes.append(
             f"dynamo graphs compiled during the timed rounds: {recompiles} (0 = no recompiles)"
         )
     notes.append(
-        f"time: rounds={rounds} (interleaved, min per candidate), ~{target_s * 1e3:.0f} ms per "
-        f"measurement for fast candidates; timed rounds took {elapsed:.1f} s"
+        f"time: {rounds} interleaved rounds of blocked_autorange (~{min_run_time * 1e3:.0f} ms), "
+        f"fastest block reported; timed rounds took {elapsed:.1f} s"
     )
-    return rows, notes
+    return rows, records, notes
 
 
 # --- part 2: peak memory of a training step ---------------------------------------------
@@ -384,7 +382,7 @@ def memory_part(args):
     # each case: (step, variant, prepare, call); prepare() runs before call(), unprofiled
     def module_case(name, variant):
         net = nets[name]
-        title = "module step (backward + in-place SGD)"
+        title = "module step"
         return (
             title,
             variant,
@@ -402,7 +400,7 @@ def memory_part(args):
     params_rg = fresh_params(nets["python-if"], True)
     params_plain = {k: v.detach() for k, v in params_rg.items()}
 
-    functional = "functional step (autograd.grad, new params)"
+    functional = "functional step"
 
     def nothing():
         pass
@@ -419,8 +417,8 @@ def memory_part(args):
 
     ref_loss, ref_new = fsteps["python-if"](params_rg, x)
     traced_variants = [
-        ("torchcond.cond, make_fx fake", "torchcond", "fake"),
-        ("taken branch only, make_fx fake (no cond; info)", "taken-only", "fake"),
+        ("torchcond.cond, make_fx", "torchcond", "fake"),
+        ("taken only, make_fx (info)", "taken-only", "fake"),
     ]
     for label, name, mode in traced_variants:
         try:
@@ -485,71 +483,54 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--no-torch-cond", action="store_true", help="skip torch.cond")
     ap.add_argument("--no-memory", action="store_true", help="skip part 2 (peak memory)")
+    ap.add_argument("--out", help="write the results to this JSON file")
     args = ap.parse_args(argv)
 
-    print(
-        "bench_autograd: torchcond forward+backward time and training-step peak memory"
-        " (ratios vs a baseline in this process)"
+    run = common.Run(
+        "autograd",
+        "bench_autograd: forward+backward time and training-step peak memory (vs Python if)",
+        args.quick,
     )
-    print(
-        f"python {platform.python_version()}, torch {torch.__version__}, "
-        f"torchcond {torchcond.__version__}, {platform.machine()}, "
-        f"cpu={timing.cpu_name()!r}, os.cpu_count()={os.cpu_count()}, "
-        f"torch threads={torch.get_num_threads()}"
-    )
-    print(f"mode={'quick' if args.quick else 'full'}")
+    say = run.say
+    rows, records, notes = time_part(args)
+    run.results["time"] = records
 
-    t_all = time.perf_counter()
-    rows, notes = time_part(args)
-
-    w_case = max(len(r[0]) for r in rows)
-    w_b = max(len(r[1]) for r in rows)
-    w_c = max(len(r[4]) for r in rows)
-    head = (
-        f"{'case':<{w_case}}  {'baseline':<{w_b}}  {'base us':>8}  "
-        f"{'candidate':<{w_c}}  {'cand us':>10}  {'ratio':>8}  target"
-    )
-    print()
-    print("Part 1: eager forward + backward, per call (x: 8x8 float32, requires_grad)")
-    print(head)
-    print("-" * len(head))
-    for title, bstmt, bt, _, cstmt, ct, target in rows:
-        print(
-            f"{title:<{w_case}}  {bstmt:<{w_b}}  {bt * 1e6:8.3f}  "
-            f"{cstmt:<{w_c}}  {ct * 1e6:10.3f}  {ct / bt:7.2f}x  {target}"
-        )
-    print()
+    head = f"{'case':<32} {'candidate':<16} {'python us':>10} {'cand us':>10} {'ratio':>8}  target"
+    say()
+    say("Part 1: eager forward + backward, per call (x: 8x8 float32, requires_grad; fastest block)")
+    say(head)
+    say("-" * len(head))
+    for title, _, bt, name, _, ct, target in rows:
+        say(f"{title:<32} {name:<16} {bt * 1e6:10.3f} {ct * 1e6:10.3f} {ct / bt:7.2f}x  {target}")
+    say()
     for title, bstmt, bt, name, cstmt, ct, _ in rows:
         if name.startswith("torchcond"):
-            print(
-                f"overhead  {title}: {cstmt} costs {(ct - bt) * 1e9:+.0f} ns per call over {bstmt}"
-            )
+            say(f"overhead: {title}: {cstmt} costs {(ct - bt) * 1e9:+.0f} ns per call over {bstmt}")
     worst = max(r[5] / r[2] for r in rows if r[3].startswith("torchcond"))
-    verdict = "meets" if worst <= TIME_TARGET else "MISSES"
-    print(
-        f"target    torchcond forward+backward <= {TIME_TARGET}x Python if: worst ratio {worst:.2f}x "
-        f"({verdict} target; informational, exit code is 0)"
+    run.claim(
+        "torchcond forward+backward / Python if (worst case)",
+        worst,
+        f"<= {TIME_TARGET}x",
+        worst <= TIME_TARGET,
     )
     for note in notes:
-        print(f"note      {note}")
-    print(
-        "note      reference: torch.cond/python-if forward+backward measured ~670x on torch 2.13 earlier"
-    )
+        run.note(note)
 
     if not args.no_memory:
         mrows, mnotes = memory_part(args)
-        print()
-        print(
-            "Part 2: peak memory of one training step (two MLP branches 256-256-256, batch 64, "
-            "pred x.sum() > 0)"
-        )
+        say()
+        say("Part 2: peak memory of one training step (two MLP branches 256-256-256, batch 64)")
         w_t = max(len(r[0]) for r in mrows)
         w_v = max(len(r[1]) for r in mrows)
-        head = f"{'step':<{w_t}}  {'variant':<{w_v}}  {'peak KiB':>9}  {'ratio':>7}  {'live after KiB':>14}  target"
-        print(head)
-        print("-" * len(head))
+        head = (
+            f"{'step':<{w_t}}  {'variant':<{w_v}}  {'peak KiB':>9}  {'ratio':>7}  "
+            f"{'live after KiB':>14}  target"
+        )
+        say(head)
+        say("-" * len(head))
         base = {}
         worst_mem = 0.0
+        memory = []
         for title, variant, peak, net, spread in mrows:
             if variant == "python-if":
                 base[title] = peak
@@ -557,33 +538,40 @@ def main(argv=None) -> int:
             target = f"<= {MEM_TARGET}x" if variant.startswith("torchcond") else "-"
             if variant.startswith("torchcond"):
                 worst_mem = max(worst_mem, ratio)
-            print(
+            say(
                 f"{title:<{w_t}}  {variant:<{w_v}}  {peak / 1024:9.1f}  {ratio:6.3f}x  "
                 f"{net / 1024:14.1f}  {target}{spread}"
             )
-        print()
-        verdict = "meets" if worst_mem <= MEM_TARGET else "MISSES"
-        print(
-            f"target    torchcond training-step peak memory <= {MEM_TARGET}x Python if: worst ratio "
-            f"{worst_mem:.3f}x ({verdict} target; informational, exit code is 0)"
+            memory.append(
+                {"step": title, "variant": variant, "peak_bytes": peak, "live_after_bytes": net}
+            )
+        run.results["memory"] = memory
+        say()
+        run.claim(
+            "torchcond training-step peak memory / Python if (worst)",
+            worst_mem,
+            f"<= {MEM_TARGET}x",
+            worst_mem <= MEM_TARGET,
         )
         by_variant = {r[1]: r[2] for r in mrows}
-        traced_tc = by_variant.get("torchcond.cond, make_fx fake")
-        traced_ref = by_variant.get("taken branch only, make_fx fake (no cond; info)")
+        traced_tc = by_variant.get("torchcond.cond, make_fx")
+        traced_ref = by_variant.get("taken only, make_fx (info)")
         if traced_tc and traced_ref:
-            print(
-                f"ratio     traced functional step, torchcond.cond / taken branch only: "
+            say(
+                f"ratio: traced functional step, torchcond.cond / taken branch only: "
                 f"{traced_tc / traced_ref:.3f}x ({(traced_tc - traced_ref) / 1024:+.1f} KiB)"
             )
-        print(
-            "note      peak = max over the step of bytes allocated in it and still live (raw profiler "
-            "[memory] events, in time order); parameters, inputs and anything live before the step "
-            "are not counted. 'live after' = bytes allocated in the step still live once its return "
-            "value is dropped (the .grad tensors of the module step)"
+        run.note(
+            "peak = max over the step of bytes allocated in it and still live (raw profiler "
+            "[memory] events, in time order); parameters, inputs and anything live before the "
+            "step are not counted. 'live after' = bytes allocated in the step still live once its "
+            "return value is dropped (the .grad tensors of the module step). module step: "
+            "backward + in-place SGD; functional step: autograd.grad + new parameters; make_fx: "
+            "the functional step traced with tracing_mode='fake', run on real tensors"
         )
         for note in mnotes:
-            print(f"note      {note}")
-    print(f"note      total {time.perf_counter() - t_all:.1f} s")
+            run.note(note)
+    run.finish(args.out)
     return 0
 
 

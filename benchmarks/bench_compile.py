@@ -19,30 +19,40 @@ Cases, each at both sizes:
   against the same three branches as nested ``torch.cond``s
   (``cond(i <= 0, b0, lambda h: cond(i <= 1, b1, b2, (h,)), (h,))``), inference.
 
-The compile time of the first call (fresh dynamo cache, Inductor's on-disk caches as
-they are) is reported for information; it is not a target.
+Part 2, compile time: the first call of a freshly compiled model (dynamo trace,
+AOTAutograd, Inductor codegen and the C++ compile of its kernels), small size, each
+measured in a fresh process (``sys.executable bench_compile.py --child CASE LIB``) with
+a fresh, empty ``TORCHINDUCTOR_CACHE_DIR`` per process, so that no measurement reads
+what another compiled, and in alternating order (torchcond, torch.cond, torchcond, ...).
+The child times the first execution of the case's statement (the compile included) and
+the second; ``import torch``/``torchcond`` and building the model are not timed.
 
-Method: ``benchmarks/timing.py`` (timeit, gc off, best-of-N interleaved rounds with
-the order rotating, loop counts calibrated to ~0.2 s per measurement). Dynamo graphs
-compiled during the timed rounds are counted and printed (expected: 0).
+Method for the per-call times (``common.measure``): ``torch.utils.benchmark.Timer``,
+``blocked_autorange`` in interleaved rounds with the order rotating, merged; the fastest
+block is reported. Dynamo graphs compiled during the timed rounds are counted
+(expected: 0).
 
 Not a test: it never fails on a slow result.
 
-    python benchmarks/bench_compile.py            # full run (~2 min on 2 cores)
-    python benchmarks/bench_compile.py --quick    # smoke run for CI
+    python benchmarks/bench_compile.py [--out results.json]   # full run (~6 min on 2 cores)
+    python benchmarks/bench_compile.py --quick                # smoke run (about a minute)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when imported
+import common  # benchmarks/common.py
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import timing
 
 import torchcond
 
@@ -112,38 +122,7 @@ def compiled(model):
 
 
 LABELS = {"torchcond": "torchcond", "torch_cond": "torch.cond"}
-
-
-def run_case(name, size, make_stmt, n_branches, rounds, target_s, out):
-    """Time ``make_stmt(fn)`` for both libraries' compiled models; print the ratio."""
-    rows, width = SIZES[size]
-    torch.manual_seed(0)
-    models = dict(zip(LABELS, twin_models(width, n_branches)))
-    x = torch.randn(rows, width)
-    namespace = {"x": x, "nx": -x, "torch": torch, **{f"i{k}": torch.tensor(k) for k in range(3)}}
-    compile_s = {}
-    torch._dynamo.reset()  # first calls below trace and compile from scratch
-    for fn, model in models.items():
-        start = time.perf_counter()
-        namespace[fn] = compiled(model)
-        exec(make_stmt(fn), namespace)  # the first call compiles
-        compile_s[fn] = time.perf_counter() - start
-        exec(make_stmt(fn), namespace)
-    before = timing.dynamo_frames_compiled()
-    timers = {fn: timing.timer(make_stmt(fn), namespace) for fn in LABELS}
-    best, _ = timing.measure(timers, rounds=rounds, target_s=target_s)
-    recompiled = timing.dynamo_frames_compiled() - before
-    ratio = best["torchcond"] / best["torch_cond"]
-    verdict = "meets" if ratio <= TARGET else "MISSES"
-    baseline = "nested torch.cond" if n_branches == 3 else "torch.cond"
-    line = (
-        f"{name:<10} {size:<6} torchcond {best['torchcond'] * 1e6:9.1f} us   "
-        f"{baseline} {best['torch_cond'] * 1e6:9.1f} us   ratio {ratio:5.3f}x ({verdict} <= {TARGET}x)   "
-        f"first call {compile_s['torchcond']:5.1f} s vs {compile_s['torch_cond']:5.1f} s   "
-        f"recompiles while timing: {recompiled}"
-    )
-    print(line, flush=True)
-    out.append(line)
+CASES = ("inference", "training", "switch")
 
 
 def inference_stmt(fn):
@@ -156,6 +135,47 @@ def training_stmt(fn):
 
 def switch_stmt(fn):
     return f"with torch.no_grad():\n    {fn}(x, i0); {fn}(x, i1); {fn}(x, i2)"
+
+
+STMTS = {"inference": inference_stmt, "training": training_stmt, "switch": switch_stmt}
+N_BRANCHES = {"inference": 2, "training": 2, "switch": 3}
+
+
+def namespace(size: str, n_branches: int) -> dict:
+    rows, width = SIZES[size]
+    torch.manual_seed(0)
+    models = dict(zip(LABELS, twin_models(width, n_branches)))
+    x = torch.randn(rows, width)
+    ns = {"x": x, "nx": -x, "torch": torch, **{f"i{k}": torch.tensor(k) for k in range(3)}}
+    return {**ns, "_models": models}
+
+
+def run_case(case, size, rounds, min_run_time) -> dict:
+    """Per-call time of both libraries' compiled models (part 1)."""
+    ns = namespace(size, N_BRANCHES[case])
+    torch._dynamo.reset()
+    for fn, model in ns.pop("_models").items():
+        ns[fn] = compiled(model)
+        exec(STMTS[case](fn), ns)  # compiles
+        exec(STMTS[case](fn), ns)
+    before = common.dynamo_graphs_compiled()
+    baseline = "nested torch.cond" if case == "switch" else "torch.cond"
+    timers = {
+        fn: common.timer(STMTS[case](fn), ns, "compiled", f"{case}, {size}", label)
+        for fn, label in (("torchcond", "torchcond"), ("torch_cond", baseline))
+    }
+    ms = common.measure(timers, rounds, min_run_time)
+    return {
+        "case": case,
+        "size": size,
+        "shape": list(SIZES[size]),
+        "baseline": baseline,
+        "torchcond": common.stats(ms["torchcond"]),
+        "torch_cond": common.stats(ms["torch_cond"]),
+        "ratio": common.best(ms["torchcond"]) / common.best(ms["torch_cond"]),
+        "recompiles": common.dynamo_graphs_compiled() - before,
+        "_measurements": list(ms.values()),
+    }
 
 
 def check_agreement():
@@ -173,36 +193,190 @@ def check_agreement():
                     torch.testing.assert_close(got, ours(sign * x, index))
 
 
-def main() -> int:
+# --- part 2: first call in a fresh process ----------------------------------------------
+
+
+def child(case: str, lib: str) -> int:
+    """Runs in a fresh process: time the first and the second execution of ``case``."""
+    ns = namespace("small", N_BRANCHES[case])
+    model = ns.pop("_models")[lib]
+    ns[lib] = compiled(model)
+    code = compile(STMTS[case](lib), "<case>", "exec")
+    t0 = time.perf_counter()
+    exec(code, ns)
+    t1 = time.perf_counter()
+    exec(code, ns)
+    t2 = time.perf_counter()
+    res = {
+        "case": case,
+        "lib": lib,
+        "first_s": t1 - t0,
+        "second_s": t2 - t1,
+        "graphs": common.dynamo_graphs_compiled(),
+        "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+    }
+    print("RESULT " + json.dumps(res))
+    return 0
+
+
+def run_child(case: str, lib: str) -> dict:
+    cache = tempfile.mkdtemp(prefix="torchcond_bench_inductor_")
+    try:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child", case, lib],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    for line in proc.stdout.splitlines():
+        if proc.returncode == 0 and line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"child {case} {lib} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def first_calls(run, cases, pairs: int) -> list[dict]:
+    samples: list[dict] = []
+    failed: list[str] = []
+    t0 = time.perf_counter()
+    for _ in range(pairs):
+        for case in cases:
+            for lib in LABELS:  # torchcond, then torch.cond: alternating
+                try:
+                    samples.append(run_child(case, lib))
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    failed.append(f"{case} {lib}: {str(exc).splitlines()[-1][:200]}")
+    elapsed = time.perf_counter() - t0
+    rows = []
+    for case in cases:
+        first = {
+            lib: [s["first_s"] for s in samples if (s["case"], s["lib"]) == (case, lib)]
+            for lib in LABELS
+        }
+        second = {
+            lib: [s["second_s"] for s in samples if (s["case"], s["lib"]) == (case, lib)]
+            for lib in LABELS
+        }
+        if not all(first.values()):
+            continue  # every process of this case failed for one library
+        med = {lib: statistics.median(v) for lib, v in first.items()}
+        rows.append(
+            {
+                "case": case,
+                "size": "small",
+                "first_s": first,
+                "second_s": second,
+                "median_first_s": med,
+                "ratio": med["torchcond"] / med["torch_cond"],
+            }
+        )
+    run.say()
+    run.say(
+        f"Part 2: first call (compile included) in a fresh process, small size; median of {pairs}"
+    )
+    head = f"{'case':<10} {'torchcond s':>12} {'torch.cond s':>13} {'ratio':>7}  samples (s)"
+    run.say(head)
+    run.say("-" * len(head))
+    for r in rows:
+        spread = " | ".join(",".join(f"{v:.1f}" for v in r["first_s"][lib]) for lib in LABELS)
+        run.say(
+            f"{r['case']:<10} {r['median_first_s']['torchcond']:12.2f} "
+            f"{r['median_first_s']['torch_cond']:13.2f} {r['ratio']:6.3f}x  {spread}"
+        )
+    for line in failed:
+        run.note(f"part 2: FAILED: {line}")
+    run.results["first_call_failed"] = failed
+    run.note(
+        f"part 2: {len(samples)} processes in {elapsed:.0f} s, order torchcond, torch.cond, "
+        "torchcond, ...; a fresh empty TORCHINDUCTOR_CACHE_DIR per process (removed after)"
+    )
+    return rows
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--quick", action="store_true", help="smoke run: small size, short")
+    parser.add_argument("--rounds", type=int, default=None, help="part 1 rounds (default 5)")
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: small size, 2 short rounds"
+        "--pairs", type=int, default=None, help="part 2: processes per library and case (3)"
     )
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", help="also write the results to this file")
-    args = parser.parse_args()
-    rounds, target_s = (2, 0.02) if args.quick else (args.rounds, 0.2)
-    sizes = ["small"] if args.quick else list(SIZES)
+    parser.add_argument("--no-first-call", action="store_true", help="part 1 only")
+    parser.add_argument("--out", help="write the results to this JSON file")
+    parser.add_argument("--child", nargs=2, metavar=("CASE", "LIB"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(*args.child)
 
+    quick = args.quick
+    rounds, min_run_time = (2, 0.02) if quick else (args.rounds or 5, 0.2)
+    sizes = ["small"] if quick else list(SIZES)
     torch._dynamo.config.recompile_limit = 64
-    out = [
-        f"bench_compile: torch {torch.__version__}, {timing.cpu_name()}, "
-        f"{torch.get_num_threads()} threads, Python {sys.version.split()[0]}",
-        "time per timed statement (two calls: x and -x; switch: indices 0, 1, 2); "
-        f"ratio = torchcond / baseline; target <= {TARGET}x",
-    ]
-    print("\n".join(out), flush=True)
+    run = common.Run(
+        "compile", "bench_compile: torch.compile (Inductor), torchcond vs torch.cond", quick
+    )
+    run.say(
+        "per call: one timed statement is two calls (x and -x; switch: indices 0, 1, 2); "
+        f"ratio = torchcond / baseline; target <= {TARGET}x"
+    )
     check_agreement()
+    rows, ms_all = [], []
+    t0 = time.perf_counter()
     for size in sizes:
-        run_case("inference", size, inference_stmt, 2, rounds, target_s, out)
-        run_case("training", size, training_stmt, 2, rounds, target_s, out)
-        run_case("switch", size, switch_stmt, 3, rounds, target_s, out)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(out) + "\n")
-    return 0
+        for case in CASES:
+            row = run_case(case, size, rounds, min_run_time)
+            ms_all += row.pop("_measurements")
+            rows.append(row)
+    elapsed = time.perf_counter() - t0
+    run.say()
+    common.compare(ms_all, "Part 1: per call, compiled (Compare, medians)")
+    run.say()
+    head = (
+        f"{'case':<10} {'size':<6} {'torchcond us':>12} {'baseline us':>12} {'ratio':>7}  baseline"
+    )
+    run.say(head)
+    run.say("-" * len(head))
+    for r in rows:
+        run.say(
+            f"{r['case']:<10} {r['size']:<6} {r['torchcond']['best_s'] * 1e6:12.1f} "
+            f"{r['torch_cond']['best_s'] * 1e6:12.1f} {r['ratio']:6.3f}x  {r['baseline']}"
+        )
+    worst = max(r["ratio"] for r in rows if r["case"] != "switch")
+    run.claim(
+        "compiled cond per call, torchcond / torch.cond (worst)",
+        worst,
+        f"<= {TARGET}x",
+        worst <= TARGET,
+    )
+    recompiles = sum(r["recompiles"] for r in rows)
+    run.note(
+        f"part 1: {rounds} rounds of ~{min_run_time * 1e3:.0f} ms each, took {elapsed:.0f} s; "
+        f"dynamo graphs compiled while timing: {recompiles} (expected 0)"
+    )
+    run.results["per_call"] = rows
+
+    if not args.no_first_call:
+        pairs = args.pairs or (1 if quick else 3)
+        cases = ("inference",) if quick else CASES
+        first = first_calls(run, cases, pairs)
+        ratios = [r["ratio"] for r in first] or [float("nan")]
+        run.claim(
+            "first call (compile), torchcond / torch.cond, fresh processes (worst case)",
+            max(ratios),
+            "-",
+            None,
+            best=min(ratios),
+        )
+        run.results["first_call"] = first
+    run.finish(args.out)
+    return 1 if run.results.get("first_call_failed") else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@
 Every time is measured in this process with CUDA events after warm-up; ratios are
 against baselines from the same run. Not a test: it never fails on a slow result.
 
-    python benchmarks/bench_cond_gpu.py [--quick] [--out results.txt]
+    python benchmarks/bench_cond_gpu.py [--quick] [--out results.json]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import platform
 import sys
 
-import timing  # benchmarks/timing.py
+import common  # benchmarks/common.py
 import torch
 
 import torchcond
@@ -61,7 +61,7 @@ def bench_loop(lines, quick: bool):
         for _ in range(2):
             _loop(step, x, n)  # warm-up (torch.cond compiles on first use)
         torch.cuda.synchronize()
-        results[name] = timing.cuda_ms(lambda step=step: _loop(step, x, n), 1, 3 if quick else 10)
+        results[name] = common.cuda_ms(lambda step=step: _loop(step, x, n), 1, 3 if quick else 10)
     same = torch.allclose(_loop(_step_select, x, n), _loop(_step_if, x, n))
     lines.append(f"loop of {n} conds, 64 float32, predicate on the device (median ms per loop)")
     for name, ms in results.items():
@@ -97,7 +97,7 @@ def bench_cuda_graph(lines):
         graph.replay()
         torch.cuda.synchronize()
         correct &= torch.equal(out, x + 1 if value else x - 1)
-    ms = timing.cuda_ms(graph.replay, 1, 20)
+    ms = common.cuda_ms(graph.replay, 1, 20)
     how = "conditional nodes" if torchcond._compat.cuda_graph_if_body() else "select"
     lines.append(
         f"cuda graph with a cond ({how}): both branches correct on replay: {correct}; "
@@ -108,7 +108,7 @@ def bench_cuda_graph(lines):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
-    parser.add_argument("--out", help="also write the report to this file")
+    parser.add_argument("--out", help="write the header and the report to this JSON file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_cond_gpu: no CUDA device here; run it on a machine with a GPU")
@@ -119,13 +119,15 @@ def main(argv=None) -> int:
         f"cuda {torch.version.cuda}, python {platform.python_version()}, "
         f"select kernel built: {torch.ops.torchcond.built_with_cuda()}",
     ]
+    run = common.Run("cond_gpu", lines[0], args.quick)
+    run.header["device"] = torch.cuda.get_device_name()
+    run.header["cuda"] = torch.version.cuda
     bench_loop(lines, args.quick)
     bench_cuda_graph(lines)
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    for line in lines[1:]:
+        run.say(line)
+    run.results["report"] = lines
+    run.finish(args.out)
     return 0
 
 

@@ -24,7 +24,7 @@ alike; medians are reported, with ratios against the ``python-if`` baseline meas
 in the same run. The ``torchcond`` target (first call, import included, under 20 ms)
 is printed next to the result; nothing here fails on a slow number.
 
-    python benchmarks/bench_first_call.py            # 5 processes per mode (~1 min)
+    python benchmarks/bench_first_call.py [--out results.json]  # 5 per mode (~1 min)
     python benchmarks/bench_first_call.py --quick    # 1 process per mode (~10 s)
 """
 
@@ -33,12 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import common  # benchmarks/common.py
 
 TORCHCOND_TARGET_MS = 20.0
 
@@ -127,6 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--procs", type=int, default=None, help="processes per mode (default 5, quick 1)"
     )
+    ap.add_argument("--out", help="write the results to this JSON file")
     args = ap.parse_args(argv)
     procs = args.procs or (1 if args.quick else 5)
     # full: one discarded process per mode first (file cache). quick: only the one
@@ -134,19 +136,16 @@ def main(argv=None) -> int:
     # a compile from source, like "torchcond" without a cache).
     warm_modes = ("torchcond-pyc",) if args.quick else MODES
 
-    import torch  # only for the version line; children import their own
-
-    print(
-        "bench_first_call: first conditional call in a fresh process (medians, ratios vs python-if)"
+    run = common.Run(
+        "first_call",
+        "bench_first_call: first conditional call in a fresh process (medians, vs python-if)",
+        args.quick,
     )
-    print(
-        f"python {platform.python_version()}, torch {torch.__version__}, {platform.machine()}, "
-        f"os.cpu_count()={os.cpu_count()}, "
-        f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '(unset)')}"
-    )
-    print(
-        f"mode={'quick' if args.quick else 'full'}, {procs} process(es) per mode, "
-        f"interleaved; discarded warm-up processes: {', '.join(warm_modes)}"
+    say = run.say
+    say(
+        f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '(unset)')}; "
+        f"{procs} process(es) per mode, interleaved; discarded warm-up processes: "
+        f"{', '.join(warm_modes)}"
     )
 
     t_start = time.perf_counter()
@@ -169,45 +168,58 @@ def main(argv=None) -> int:
         return f"{min(vals):.3f}..{max(vals):.3f}"
 
     base = med("python-if", "first_s")
-    print()
+    say()
     head = (
         f"{'mode':<13}  {'first call ms':>13}  {'min..max ms':>19}  {'vs python-if':>12}  "
         f"{'2nd call ms':>11}  target"
     )
-    print(head)
-    print("-" * len(head))
+    say(head)
+    say("-" * len(head))
+    modes = []
     for mode in MODES:
         first = med(mode, "first_s")
         target = f"< {TORCHCOND_TARGET_MS:.0f} ms" if mode.startswith("torchcond") else "-"
-        print(
+        say(
             f"{mode:<13}  {first * 1e3:13.3f}  {spread(mode, 'first_s'):>19}  "
             f"{first / base:11.0f}x  {med(mode, 'second_s') * 1e3:11.3f}  {target}"
         )
-    print()
+        modes.append(
+            {
+                "mode": mode,
+                "median_first_s": first,
+                "median_second_s": med(mode, "second_s"),
+                "ratio_vs_python_if": first / base,
+                "samples": results[mode],
+            }
+        )
+    run.results["modes"] = modes
+    say()
     tcc = med("torch.cond", "first_s")
     for mode in ("torchcond", "torchcond-pyc"):
         rs = results[mode]
-        print(
-            f"{mode:<13}  import torchcond {med(mode, 'import_s') * 1e3:.3f} ms + first cond call "
-            f"{med(mode, 'call_s') * 1e3:.3f} ms (medians); torchcond .pyc present before import: "
-            f"{sorted({r['torchcond_pyc_cached'] for r in rs})}; dynamo imported: "
+        say(
+            f"{mode}: import torchcond {med(mode, 'import_s') * 1e3:.3f} ms + first cond call "
+            f"{med(mode, 'call_s') * 1e3:.3f} ms (medians); torchcond .pyc present before "
+            f"import: {sorted({r['torchcond_pyc_cached'] for r in rs})}; dynamo imported: "
             f"{any(r['dynamo_loaded'] for r in rs)}"
         )
     for mode in ("torchcond", "torchcond-pyc"):
         tc = med(mode, "first_s")
-        verdict = "meets" if tc * 1e3 < TORCHCOND_TARGET_MS else "MISSES"
-        print(
-            f"ratio        torch.cond / {mode} first call: {tcc / tc:.0f}x; target {mode} "
-            f"import + first call < {TORCHCOND_TARGET_MS:.0f} ms: {tc * 1e3:.1f} ms "
-            f"({verdict}; informational, exit code is 0)"
+        run.claim(
+            f"{mode} import + first call, ms",
+            tc * 1e3,
+            f"< {TORCHCOND_TARGET_MS:.0f} ms",
+            tc * 1e3 < TORCHCOND_TARGET_MS,
+            torch_cond_ratio=tcc / tc,
         )
-    print("note         reference: torch.cond first call measured ~1.2-1.9 s on torch 2.13 earlier")
-    print(
-        "note         import torch in the children (not timed): median "
+        say(f"ratio: torch.cond / {mode} first call: {tcc / tc:.0f}x")
+    run.note(
+        "import torch in the children (not timed): median "
         f"{med('python-if', 'torch_import_s') * 1e3:.0f} ms"
     )
     n = sum(len(v) for v in results.values()) + len(warm_modes)
-    print(f"note         {n} processes in {elapsed:.1f} s")
+    run.note(f"{n} processes in {elapsed:.1f} s")
+    run.finish(args.out)
     return 0
 
 

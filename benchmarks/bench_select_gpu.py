@@ -19,7 +19,7 @@ Timing: CUDA events around a loop of calls after warm-up; the median of several
 repeats is reported. Results are checked against torch.where first. Not a test: it
 never fails on a slow result; targets are printed next to results.
 
-    python benchmarks/bench_select_gpu.py [--quick] [--out results.txt]
+    python benchmarks/bench_select_gpu.py [--quick] [--out results.json]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import argparse
 import platform
 import sys
 
-import timing  # benchmarks/timing.py
+import common  # benchmarks/common.py
 import torch
 
 import torchcond  # noqa: F401  (loads the extension)
@@ -70,9 +70,9 @@ def bench_bandwidth(lines, quick: bool):
     sel0 = lambda: select(pred0, ts, fs)  # noqa: E731
     selb = lambda: select(rows_pred, ts, fs)  # noqa: E731
     _warm(copy_fn, sel0, selb)
-    t_copy = timing.cuda_ms(copy_fn, calls, repeats)
-    t_sel0 = timing.cuda_ms(sel0, calls, repeats)
-    t_selb = timing.cuda_ms(selb, calls, repeats)
+    t_copy = common.cuda_ms(copy_fn, calls, repeats)
+    t_sel0 = common.cuda_ms(sel0, calls, repeats)
+    t_selb = common.cuda_ms(selb, calls, repeats)
     moved = 2 * out_bytes  # read + write
     bw = lambda ms: moved / (ms * 1e-3) / 1e9  # noqa: E731
     lines.append(
@@ -121,12 +121,12 @@ def bench_vs_where(lines, quick: bool):
     calls, repeats = (3, 3) if quick else (10, 7)
     _warm(where_fn, sel_fn, where_n, sel_n)
     t_where, t_sel = (
-        timing.cuda_ms(where_fn, calls, repeats),
-        timing.cuda_ms(sel_fn, calls, repeats),
+        common.cuda_ms(where_fn, calls, repeats),
+        common.cuda_ms(sel_fn, calls, repeats),
     )
     t_where_n, t_sel_n = (
-        timing.cuda_ms(where_n, calls, repeats),
-        timing.cuda_ms(sel_n, calls, repeats),
+        common.cuda_ms(where_n, calls, repeats),
+        common.cuda_ms(sel_n, calls, repeats),
     )
     ratio = t_where / t_sel
     verdict = "meets" if ratio >= LARGE_TARGET else "MISSES"
@@ -153,8 +153,8 @@ def bench_vs_where(lines, quick: bool):
     calls, repeats = (20, 3) if quick else (200, 7)
     _warm(where_fn, sel_fn, n=10)
     t_where, t_sel = (
-        timing.cuda_ms(where_fn, calls, repeats),
-        timing.cuda_ms(sel_fn, calls, repeats),
+        common.cuda_ms(where_fn, calls, repeats),
+        common.cuda_ms(sel_fn, calls, repeats),
     )
     ratio = t_where / t_sel
     verdict = "meets" if ratio >= SMALL_TARGET else "MISSES"
@@ -172,12 +172,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="smaller tensors, fewer iterations (smoke run)"
     )
-    parser.add_argument("--out", help="also write the report to this file")
+    parser.add_argument("--out", help="write the header and the report to this JSON file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(
             "bench_select_gpu: no CUDA device here (torch.cuda.is_available() is False, torch "
-            f"{torch.__version__}); run it on a machine with a GPU and a CUDA build of torch"
+            f"{torch.__version__});\nrun it on a machine with a GPU and a CUDA build of torch"
         )
         return 0
     if not torch.ops.torchcond.built_with_cuda():
@@ -191,14 +191,16 @@ def main(argv=None) -> int:
         f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, cuda {torch.version.cuda}, "
         f"python {platform.python_version()}, mode={'quick' if args.quick else 'full'}",
     ]
+    run = common.Run("select_gpu", lines[0], args.quick)
+    run.header["device"] = torch.cuda.get_device_name()
+    run.header["cuda"] = torch.version.cuda
     bench_bandwidth(lines, args.quick)
     bench_vs_where(lines, args.quick)
     lines.append("note: not a test; targets are informational, exit code is 0")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    for line in lines[1:]:
+        run.say(line)
+    run.results["report"] = lines
+    run.finish(args.out)
     return 0
 
 

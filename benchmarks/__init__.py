@@ -1,0 +1,1 @@
+"""torchcond's benchmarks: ``python -m benchmarks`` runs every CPU benchmark (see README.md)."""
