@@ -81,12 +81,10 @@ docs: install
 	$(PY) -m sphinx -n -W --keep-going -q -b html docs docs/_build/html
 	$(PY) -m sphinx -n -W --keep-going -q -b doctest docs docs/_build/doctest
 
+# Every CPU benchmark with --quick through the entry point, plots included, into
+# build/bench-smoke (benchmarks/results/ keeps the full run's figures).
 bench-smoke: install
-	$(PY) benchmarks/bench_eager.py --quick
-	$(PY) benchmarks/bench_first_call.py --quick
-	$(PY) benchmarks/bench_autograd.py --quick
-	$(PY) benchmarks/bench_select.py --quick
-	$(PY) benchmarks/bench_compile.py --quick
+	$(PY) -m benchmarks --quick --out-dir build/bench-smoke-$(TORCH)
 
 # The full CPU benchmarks (`python -m benchmarks`): results/<name>.json, plots, run.json.
 bench: install
