@@ -203,15 +203,7 @@ def time_part(args) -> tuple[list, list[str]]:
             bt, ct = common.best(ms["python"]), common.best(ms[name])
             rows.append((title, baseline, bt, name, stmt, ct, target))
             records.append(
-                {
-                    "case": title,
-                    "baseline_stmt": baseline,
-                    "candidate": name,
-                    "candidate_stmt": stmt,
-                    "baseline": common.stats(ms["python"]),
-                    "result": common.stats(ms[name]),
-                    "ratio": ct / bt,
-                }
+                common.record(title, baseline, name, stmt, ms["python"], ms[name], ratio=ct / bt)
             )
 
     gc.collect()

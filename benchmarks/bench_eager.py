@@ -201,16 +201,16 @@ def part1(run, quick: bool, rounds: int, run_torch_cond: bool) -> None:
         for name, stmt in cands.items():
             bt, ct = common.best(ms["python"]), common.best(ms[name])
             rows.append(
-                {
-                    "case": title,
-                    "baseline_stmt": base,
-                    "candidate": name,
-                    "candidate_stmt": stmt,
-                    "baseline": common.stats(ms["python"]),
-                    "result": common.stats(ms[name]),
-                    "ratio": ct / bt,
-                    "overhead_ns": (ct - bt) * 1e9,
-                }
+                common.record(
+                    title,
+                    base,
+                    name,
+                    stmt,
+                    ms["python"],
+                    ms[name],
+                    ratio=ct / bt,
+                    overhead_ns=(ct - bt) * 1e9,
+                )
             )
     elapsed = time.perf_counter() - t0
     recompiles = common.dynamo_graphs_compiled() - before

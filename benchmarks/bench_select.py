@@ -158,17 +158,17 @@ def part1(run, quick: bool, rounds: int) -> None:
         for name, stmt in cands.items():
             bt, ct = common.best(ms["torch.where"]), common.best(ms[name])
             rows_out.append(
-                {
-                    "case": title,
-                    "baseline_stmt": base,
-                    "candidate": name,
-                    "candidate_stmt": stmt,
-                    "baseline": common.stats(ms["torch.where"]),
-                    "result": common.stats(ms[name]),
-                    "speedup": bt / ct,
-                    "output_bytes": nbytes,
-                    "target": target,
-                }
+                common.record(
+                    title,
+                    base,
+                    name,
+                    stmt,
+                    ms["torch.where"],
+                    ms[name],
+                    speedup=bt / ct,
+                    output_bytes=nbytes,
+                    target=target,
+                )
             )
     elapsed = time.perf_counter() - t0
 

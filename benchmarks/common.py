@@ -228,6 +228,19 @@ def stats(m) -> dict:
     }
 
 
+def record(case, baseline_stmt, candidate, candidate_stmt, baseline, result, **ratios) -> dict:
+    """One JSON row: a candidate against the baseline timed beside it, with its ratios."""
+    return {
+        "case": case,
+        "baseline_stmt": baseline_stmt,
+        "candidate": candidate,
+        "candidate_stmt": candidate_stmt,
+        "baseline": stats(baseline),
+        "result": stats(result),
+        **ratios,
+    }
+
+
 def compare(measurements: list, title: str | None = None) -> None:
     """Print ``torch.utils.benchmark.Compare`` of the measurements (its cells are medians)."""
     if title:

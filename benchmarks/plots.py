@@ -166,44 +166,55 @@ def select_gbps(ax, data: dict) -> None:
     ax.legend(loc="center right")
 
 
-def select_speedup_size(ax, data: dict) -> None:
-    pts = data["results"]["size_sweep"]
-    xs = [p["bytes_per_output"] for p in pts]
-    for cand, label in (
-        ("select", "select, batched pred"),
-        ("select, 0-d pred", "select, 0-d pred"),
-        ("copy_", "copy_ of the same bytes"),
-    ):
+def _speedups(ax, pts, xs, ticklabels, series, xlabel: str, title: str) -> None:
+    """Each series' speedup over torch.where (the line at 1x), on log axes."""
+    for cand, label in series:
         ys = [p["speedup_vs_where"][cand] for p in pts]
         ls = "--" if cand == "copy_" else "-"
         ax.plot(xs, ys, ls, marker="o", ms=4, color=COLORS[cand], label=label)
     ax.axhline(1.0, color=COLORS["torch.where"], lw=1, label="torch.where per output")
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
-    ax.set_xticklabels([_fmt_bytes(x) for x in xs])
-    ax.set_xlabel("bytes per output (16 float32 outputs)")
+    ax.set_xticklabels(ticklabels)
+    ax.set_xlabel(xlabel)
     _log_speedup(ax)
-    ax.set_title("select vs torch.where, 16 outputs")
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")
+
+
+def select_speedup_size(ax, data: dict) -> None:
+    pts = data["results"]["size_sweep"]
+    xs = [p["bytes_per_output"] for p in pts]
+    series = (
+        ("select", "select, batched pred"),
+        ("select, 0-d pred", "select, 0-d pred"),
+        ("copy_", "copy_ of the same bytes"),
+    )
+    _speedups(
+        ax,
+        pts,
+        xs,
+        [_fmt_bytes(x) for x in xs],
+        series,
+        "bytes per output (16 float32 outputs)",
+        "select vs torch.where, 16 outputs",
+    )
 
 
 def select_count(ax, data: dict) -> None:
     pts = data["results"]["count_sweep"]
     xs = [p["outputs"] for p in pts]
-    for cand, label in (("select", "select, batched pred"), ("copy_", "copy_ of the same bytes")):
-        ys = [p["speedup_vs_where"][cand] for p in pts]
-        ls = "--" if cand == "copy_" else "-"
-        ax.plot(xs, ys, ls, marker="o", ms=4, color=COLORS[cand], label=label)
-    ax.axhline(1.0, color=COLORS["torch.where"], lw=1, label="torch.where per output")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs)
-    ax.set_xticklabels([str(x) for x in xs])
-    ax.set_xlabel("number of outputs (64x64 float32 each)")
-    _log_speedup(ax)
-    ax.set_title("select vs torch.where against output count")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best")
+    series = (("select", "select, batched pred"), ("copy_", "copy_ of the same bytes"))
+    _speedups(
+        ax,
+        pts,
+        xs,
+        [str(x) for x in xs],
+        series,
+        "number of outputs (64x64 float32 each)",
+        "select vs torch.where against output count",
+    )
 
 
 def _log_speedup(ax) -> None:
