@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import torch
 
-from . import _compat
+from . import _compat, strategies
 from ._compat import pytree
-from .batching import any_needs_grad, run_all_and_select, run_as_conditional_nodes
 from .errors import CondArgumentError
-from .forms import clamp_index, host_index, readable_on_host, switch_branch_of
+from .forms import clamp_index, host_index, python_scalar, readable_on_host, switch_branch_of
 from .ops import cond_op, form_of, switch_op
+from .strategies import Strategy
 from .tracing import FlatBranch, raise_if_arity_error, recorded_spec
 
 # A branch's return type is the conditional's: the branches must agree on it.
 _Out = TypeVar("_Out")
-Strategy = Literal["auto", "select"]
 
 _Tensor = torch.Tensor
 # The fast path's test for "maybe tracing": dynamo (first: dynamo folds it and never
@@ -265,7 +264,7 @@ def _switch_under_dynamo(index, branches, operands, strategy):
     if isinstance(index, _Tensor):
         index = _normalize_index(index, n)
     else:  # a SymInt (dynamo's isinstance calls it an int) or a Python int
-        index = _sym_min(_sym_max(_python_scalar(index), 0), n - 1)
+        index = _sym_min(_sym_max(python_scalar(index), 0), n - 1)
     return switch_op(index, *branches, operands)
 
 
@@ -273,9 +272,9 @@ def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto", check_branche
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
     labelled = [(true_fn, "true_fn"), (false_fn, "false_fn")]
-    if _use_select(strategy, pred):
+    if strategies.chooses_select(strategy, pred):
         return _select_path(cond_op, _normalize_pred(pred), labelled, operands, strategy)
-    pred = _python_scalar(pred)
+    pred = python_scalar(pred)
     if isinstance(pred, (bool, int, float)):
         _warn_if_exporting("cond", "pred", pred, "a tensor or a SymBool")
         return _run_concrete(cond_op, labelled, 0 if pred else 1, operands, check_branches)
@@ -292,9 +291,9 @@ def _switch_slow(index, branches, operands, strategy="auto", check_branches=Fals
     _check_operands(operands)
     n = len(branches)
     labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
-    if _use_select(strategy, index):
+    if strategies.chooses_select(strategy, index):
         return _select_path(switch_op, _normalize_index(index, n), labelled, operands, strategy)
-    index = _python_scalar(index)
+    index = python_scalar(index)
     if isinstance(index, int) and not isinstance(index, bool):
         _warn_if_exporting("switch", "index", index, "a tensor or a SymInt")
         return _run_concrete(switch_op, labelled, clamp_index(index, n), operands, check_branches)
@@ -358,28 +357,8 @@ def _on_flat(labelled_branches, operands, run):
     return pytree.tree_unflatten(list(flat_out), spec)
 
 
-_STRATEGIES = ("auto", "select")
-
-
-def _use_select(strategy: str, selector) -> bool:
-    """``select`` when asked for, or while a CUDA graph captures (no host reads then)."""
-    if strategy not in _STRATEGIES:
-        raise CondArgumentError(
-            f"argument 'strategy' must be one of {', '.join(map(repr, _STRATEGIES))}; "
-            f"found {strategy!r}"
-        )
-    if strategy == "select":
-        return not isinstance(_python_scalar(selector), (bool, int, float))
-    return isinstance(selector, torch.Tensor) and _compat.capturing_cuda_graph(selector)
-
-
 def _select_path(op, selector, labelled_branches, operands, strategy):
-    """Every branch runs; one fused select picks each output element on the device.
-
-    While a CUDA graph captures (``strategy="auto"`` only gets here then), the
-    branches go into CUDA conditional nodes instead where PyTorch and the runtime
-    support them and no gradient is needed.
-    """
+    """The branches run as ``strategies.runner`` says, on flat operands."""
     if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
         selector = torch.scalar_tensor(selector, dtype=torch.bool if op is cond_op else torch.int64)
     form = form_of(op)
@@ -390,21 +369,7 @@ def _select_path(op, selector, labelled_branches, operands, strategy):
         # Nothing reads the node: AOTAutograd (aot_eager, inductor) drops it; only
         # the eager backend runs it, a Python `if` that gives the same values.
         op(selector, *(fn for fn, _ in labelled_branches), operands)
-    if_body = _compat.cuda_graph_if_body() if strategy == "auto" else None
-
-    def run(branches, flat, labels):
-        if if_body is not None and not any_needs_grad(flat):
-            return run_as_conditional_nodes(form, selector, branches, flat, labels, if_body)
-        return run_all_and_select(form, selector, branches, flat, labels)
-
-    return _on_flat(labelled_branches, operands, run)
-
-
-def _python_scalar(value):
-    """NumPy scalars (np.bool_, np.float32, ...) as the Python numbers they hold."""
-    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
-        return value.item()
-    return value
+    return _on_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
 
 
 def _warn_if_exporting(fn_name: str, arg: str, value, instead: str) -> None:

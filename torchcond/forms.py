@@ -90,3 +90,10 @@ def readable_on_host(selector) -> bool:
             selector = _compat.functorch_base(selector)
         return type(selector) is torch.Tensor and selector.device.type != "meta"
     return isinstance(selector, (bool, int))
+
+
+def python_scalar(value):
+    """NumPy scalars (np.bool_, np.float32, ...) as the Python numbers they hold."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return value.item()
+    return value

@@ -22,7 +22,7 @@ from ._compat import dynamo as _compat_dynamo
 from ._compat import export as _compat_export
 from ._compat import inductor as _compat_inductor
 from .autograd import autograd_rule, functorch_rule
-from .batching import run_all_and_select, vmap_rule
+from .batching import vmap_rule
 from .errors import CondArgumentError
 from .forms import (
     Form,
@@ -35,6 +35,7 @@ from .forms import (
     unpack,
 )
 from .merge import merge_branch_outputs
+from .strategies import run_all_and_select
 from .subgraph import output_values
 from .tracing import SpecCarrier, checked_output_paths, trace_branches
 

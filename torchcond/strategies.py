@@ -1,0 +1,183 @@
+"""How a conditional runs when the host cannot, or should not, pick the branch.
+
+Three strategies, and the rule that chooses between them:
+
+* **the taken branch** (``"auto"``, the default): the selector is read on the host and
+  only that branch runs. Outside this module: the eager fast path in ``api.py`` and
+  the operators' dense rule.
+* **run every branch, then select** (``"select"``, vmap with a per-example selector):
+  every branch runs and one fused select (``select_ops.py``) picks each output
+  element on the device, with no host read.
+* **CUDA graph conditional nodes**: while a CUDA graph captures and no gradient is
+  needed, each branch is captured into its own IF node and the device picks.
+
+``chooses_select`` is the rule and ``runner`` the run; adding a strategy means a name
+in ``STRATEGIES``, a case in each, and the function that runs it.
+
+When every branch runs, gradients must not pick up NaN or Inf from an example that
+did not take a branch: ``cond(x > 0, torch.log, torch.zeros_like)`` evaluates ``log``
+on negative examples, whose backward is ``inf``. Multiplying by a zero cotangent would
+give ``0 * inf = NaN``, so each branch's inputs also go through a select
+(``select(mask, x, x.detach())``) whose backward *reads only* the taken examples'
+gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal, get_args
+
+import torch
+
+from . import _compat, select_ops
+from .errors import BranchMismatchError, CondArgumentError
+from .forms import Form, python_scalar
+from .tracing import checked_output_paths, operand_paths
+from .write_guard import refusing_outside_writes
+
+# The accepted values, for type checkers (cond/switch annotate ``strategy`` with it)
+# and at run time.
+Strategy = Literal["auto", "select"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+
+
+def chooses_select(strategy: str, selector) -> bool:
+    """Whether every branch runs: ``"select"`` asked for (unless the selector is a
+    Python number, which picks on the host for free), or a CUDA graph capturing."""
+    if strategy not in STRATEGIES:
+        raise CondArgumentError(
+            f"argument 'strategy' must be one of {', '.join(map(repr, STRATEGIES))}; "
+            f"found {strategy!r}"
+        )
+    if strategy == "select":
+        return not isinstance(python_scalar(selector), (bool, int, float))
+    return isinstance(selector, torch.Tensor) and _compat.capturing_cuda_graph(selector)
+
+
+def runner(form: Form, selector: torch.Tensor, strategy: str) -> Callable:
+    """``run(branches, operands, labels)`` for a selector ``chooses_select`` accepted.
+
+    While a CUDA graph captures (``strategy="auto"`` only gets here then), the
+    branches go into CUDA conditional nodes where PyTorch and the runtime support
+    them and no gradient is needed; otherwise every branch runs and one select picks.
+    """
+    if_body = _compat.cuda_graph_if_body() if strategy == "auto" else None
+
+    def run(branches, operands, labels):
+        if if_body is not None and not any_needs_grad(operands):
+            return run_as_conditional_nodes(form, selector, branches, operands, labels, if_body)
+        return run_all_and_select(form, selector, branches, operands, labels)
+
+    return run
+
+
+def run_all_and_select(
+    form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]
+) -> tuple:
+    """Run every branch on ``operands``, then pick each output element on the device.
+
+    ``selector``'s shape is a prefix of every operand's and output's shape (0-d: one
+    choice for everything). No value is read on the host.
+    """
+    return select_outputs(*run_every_branch(form, selector, branches, operands, labels))
+
+
+def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]):
+    """Every branch's outputs, and what picks between them: ``(which, first, outputs)``.
+
+    ``first`` holds where branch 0 is taken; ``which`` is the branch index, or None
+    for cond (``first`` is then the predicate). A branch may not write to anything it
+    did not create (it runs even when not taken); outputs are checked to be
+    selectable, with errors naming output paths.
+    """
+    n = len(branches)
+    if n == 2 and selector.dtype is torch.bool:  # cond: the predicate is the mask
+        which, first = None, selector
+    else:
+        which = form.branch_of(selector, n)
+        first = which == 0
+    guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and needs_grad(t)]
+    names = lambda: operand_paths(branches, len(operands))  # noqa: E731  (for messages only)
+    outputs = []
+    for k, branch in enumerate(branches):
+        inputs = operands
+        if guarded:
+            mask = first if k == 0 else (~first if which is None else which == k)
+            inputs = _masked(mask, operands, guarded)
+        with refusing_outside_writes(labels[k], inputs, names):
+            outputs.append(tuple(branch(*inputs)))
+    _check_selectable(branches, labels, outputs)
+    return which, first, outputs
+
+
+def select_outputs(which, first, outputs) -> tuple:
+    """One fused select over every output (see ``run_every_branch``)."""
+    if which is None or len(outputs) == 2:
+        return tuple(select_ops.select(first, outputs[0], outputs[1]))
+    return tuple(select_ops.select_n(which, outputs))
+
+
+def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, if_body) -> tuple:
+    """Each branch captured into its own IF node of the CUDA graph being captured.
+
+    On replay exactly one node runs, chosen on the device. The first branch's
+    outputs are the results; every later branch copies its outputs into them (the
+    graph after the nodes reads fixed addresses), as PyTorch's own conditional
+    nodes do. Gradients are not recorded through the copies: callers use this only
+    when no operand needs one.
+    """
+    which = form.branch_of(selector, len(branches))
+    results: tuple = ()
+    for k, branch in enumerate(branches):
+        with if_body(which == k):
+            outputs = tuple(branch(*operands))
+            if k == 0:
+                results = outputs
+                continue
+            _check_selectable([branches[0], branch], [labels[0], labels[k]], [results, outputs])
+            for result, output in zip(results, outputs):
+                result.copy_(output)
+    return results
+
+
+def any_needs_grad(operands) -> bool:
+    return any(needs_grad(t) for t in operands if isinstance(t, torch.Tensor))
+
+
+def _check_selectable(branches, labels, outputs) -> None:
+    paths = checked_output_paths(branches, labels, len(outputs[0]))
+    for label, outs in zip(labels[1:], outputs[1:]):
+        for path, first, other in zip(paths, outputs[0], outs):
+            for what, a, b in (
+                ("shape", tuple(first.shape), tuple(other.shape)),
+                ("dtype", first.dtype, other.dtype),
+                ("device", first.device, other.device),
+            ):
+                if a != b:
+                    raise BranchMismatchError(
+                        f"{path}: every branch runs and each element is selected on the "
+                        "device (strategy='select', or vmap with a per-example "
+                        f"selector), so branches must agree on {what}: {labels[0]} "
+                        f"gives {a}, {label} gives {b}"
+                    )
+
+
+def _masked(mask: torch.Tensor, operands, guarded) -> list:
+    """``operands`` unchanged forward; the backward of those at ``guarded`` reads only
+    the examples ``mask`` selects (one fused select for all of them)."""
+    values = [operands[i] for i in guarded]
+    masked = select_ops.select(mask, values, [v.detach() for v in values])
+    inputs = list(operands)
+    for i, value in zip(guarded, masked):
+        inputs[i] = value
+    return inputs
+
+
+def needs_grad(t: torch.Tensor) -> bool:
+    """A floating tensor autograd or a torch.func transform differentiates."""
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return False
+    if torch.is_grad_enabled() and t.requires_grad:
+        return True
+    # dynamo sees no functorch wrappers (and cannot trace the query)
+    return not _compat.is_dynamo_compiling() and _compat.is_differentiated_by_transform(t)
