@@ -12,7 +12,7 @@ Three strategies, and the rule that chooses between them:
   needed, each branch is captured into its own IF node and the device picks.
 
 ``chooses_select`` is the rule and ``runner`` the run; adding a strategy means a name
-in ``STRATEGIES``, a case in each, and the function that runs it.
+in the ``Strategy`` literal, a case in each, and the function that runs it.
 
 When every branch runs, gradients must not pick up NaN or Inf from an example that
 did not take a branch: ``cond(x > 0, torch.log, torch.zeros_like)`` evaluates ``log``
