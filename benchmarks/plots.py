@@ -130,15 +130,25 @@ def eager_vs_torch_cond(ax, data: dict) -> None:
     ax.legend(loc="upper right")
 
 
-def plot_eager(data: dict, path: str) -> str:
+def _figure(path: str, title: str, panels, header: dict) -> str:
+    """One row of panels, ``panel(ax, data)`` each, titled, with ``header``'s run line."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    eager_ratio(axes[0], data)
-    eager_vs_torch_cond(axes[1], data)
-    fig.suptitle("Eager: torchcond cond/switch against the same code as a Python if (CPU)")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.7 * len(panels), 4))
+    for ax, (panel, data) in zip(axes, panels):
+        panel(ax, data)
+    fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    _subtitle(fig, data)
+    _subtitle(fig, header)
     return _save(fig, path)
+
+
+def plot_eager(data: dict, path: str) -> str:
+    return _figure(
+        path,
+        "Eager: torchcond cond/switch against the same code as a Python if (CPU)",
+        [(eager_ratio, data), (eager_vs_torch_cond, data)],
+        data,
+    )
 
 
 # --- select -------------------------------------------------------------------------------
@@ -230,15 +240,12 @@ def _log_speedup(ax) -> None:
 
 
 def plot_select(data: dict, path: str) -> str:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    select_gbps(axes[0], data)
-    select_speedup_size(axes[1], data)
-    select_count(axes[2], data)
-    fig.suptitle("Fused select (CPU): one call for all outputs against one torch.where each")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    _subtitle(fig, data)
-    return _save(fig, path)
+    return _figure(
+        path,
+        "Fused select (CPU): one call for all outputs against one torch.where each",
+        [(select_gbps, data), (select_speedup_size, data), (select_count, data)],
+        data,
+    )
 
 
 def _fmt_bytes(n: float) -> str:
@@ -309,14 +316,12 @@ def compile_first_call(ax, data: dict) -> None:
 
 
 def plot_compile(data: dict, path: str) -> str:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    compile_per_call(axes[0], data)
-    compile_first_call(axes[1], data)
-    fig.suptitle("torch.compile (Inductor): the same model with torchcond and with torch.cond")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    _subtitle(fig, data)
-    return _save(fig, path)
+    return _figure(
+        path,
+        "torch.compile (Inductor): the same model with torchcond and with torch.cond",
+        [(compile_per_call, data), (compile_first_call, data)],
+        data,
+    )
 
 
 # --- summary ------------------------------------------------------------------------------
@@ -324,15 +329,12 @@ def plot_compile(data: dict, path: str) -> str:
 
 def plot_summary(eager: dict, select: dict, compile_: dict, path: str) -> str:
     """One panel per benchmark: the README's plot."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    eager_ratio(axes[0], eager)
-    select_speedup_size(axes[1], select)
-    compile_per_call(axes[2], compile_)
-    fig.suptitle("torchcond on the CPU: ratios against baselines measured in the same run")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    _subtitle(fig, eager)
-    return _save(fig, path)
+    return _figure(
+        path,
+        "torchcond on the CPU: ratios against baselines measured in the same run",
+        [(eager_ratio, eager), (select_speedup_size, select), (compile_per_call, compile_)],
+        eager,
+    )
 
 
 def make_plots(results_dir: str) -> list[str]:
