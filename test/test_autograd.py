@@ -475,3 +475,115 @@ def test_checkpoint_around_a_cond_traces_and_matches_eager():
     for sign in (1.0, -1.0):
         x = (sign * torch.ones(2, 3)).requires_grad_()
         assert_grads_equal(gm(x), step(x))
+
+
+# --- derivatives come from the branch's own autograd (grad mode, custom Functions) ---
+
+
+def scaled_by_a_constant_sum(a):
+    """``a * s`` where ``s`` is read under no_grad: a constant to autograd."""
+    with torch.no_grad():
+        s = a.sum()
+    return a * s + a**2
+
+
+class StraightThrough(torch.autograd.Function):
+    """Rounds forward, passes the gradient through unchanged (quantization-aware training)."""
+
+    @staticmethod
+    def forward(x):
+        return x.round()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def rounded_times_three(a):
+    return StraightThrough.apply(a) * 3
+
+
+def grad_of_cond(branch):
+    def step(x):
+        out = cond(x.sum() > 0, branch, lambda a: a.sin(), (x,))
+        return torch.autograd.grad(out.sum(), x)
+
+    return step
+
+
+def grad_of_if(branch):
+    def step(x):
+        out = branch(x) if x.sum() > 0 else x.sin()
+        return torch.autograd.grad(out.sum(), x)
+
+    return step
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_traced_gradients_treat_a_no_grad_block_as_a_constant(mode):
+    gm = make_fx(grad_of_cond(scaled_by_a_constant_sum), tracing_mode=mode)(leaf(POS))
+    for x in (POS, NEG):
+        assert_grads_equal(gm(leaf(x)), grad_of_if(scaled_by_a_constant_sum)(leaf(x)))
+
+
+def test_aot_function_gradients_treat_a_no_grad_block_as_a_constant():
+    from functorch.compile import aot_function, make_boxed_func
+
+    def f(x):
+        return cond(x.sum() > 0, scaled_by_a_constant_sum, lambda a: a.sin(), (x,))
+
+    compiled = aot_function(f, fw_compiler=lambda gm, _: make_boxed_func(gm))
+    for x in (POS, NEG):
+        xa, xb = leaf(x), leaf(x)
+        want = grads(scaled_by_a_constant_sum(xb).sum() if x.sum() > 0 else xb.sin().sum(), [xb])
+        assert_grads_equal(grads(compiled(xa).sum(), [xa]), want)
+
+
+def test_a_no_grad_block_stays_constant_in_the_traced_second_derivative():
+    def second(x):
+        out = cond(x.sum() > 0, scaled_by_a_constant_sum, lambda a: a**3, (x,))
+        (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return g, torch.autograd.grad(g.sum(), x)[0]
+
+    gm = symbolic(second, leaf(POS))
+    for x in (POS, NEG):
+        assert_grads_equal(gm(leaf(x)), second(leaf(x)))
+
+
+CUSTOM_BACKWARD_REFUSED = r"custom torch.autograd.Function's forward.*torch.compile"
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_a_traced_gradient_through_a_custom_function_is_refused_not_wrong(mode):
+    # Its backward is not in the traced graph; re-differentiating its forward ops
+    # (round: zero) would silently replace it. Eagerly and under torch.compile the
+    # Function's own backward runs (test_autograd_properties).
+    with pytest.raises(torchcond.UnsupportedCondError, match=CUSTOM_BACKWARD_REFUSED):
+        make_fx(grad_of_cond(rounded_times_three), tracing_mode=mode)(leaf(POS))
+
+
+def test_aot_function_through_a_custom_function_is_refused_not_wrong():
+    from functorch.compile import aot_function, make_boxed_func
+
+    def f(x):
+        return cond(x.sum() > 0, rounded_times_three, lambda a: a.sin(), (x,))
+
+    compiled = aot_function(f, fw_compiler=lambda gm, _: make_boxed_func(gm))
+    with pytest.raises(torchcond.UnsupportedCondError, match=CUSTOM_BACKWARD_REFUSED):
+        compiled(leaf(POS)).sum().backward()
+
+
+def test_a_custom_function_traces_where_nothing_differentiates_through_it():
+    def f(x, y):
+        out = cond(x.sum() > 0, lambda a, b: rounded_times_three(a) + b, lambda a, b: a - b, (x, y))
+        return out, torch.autograd.grad(out.sum(), y)  # only y needs a gradient
+
+    gm = make_fx(f, tracing_mode="fake")(POS, leaf(NEG))
+    for x in (POS, NEG):
+        assert_grads_equal(gm(x, leaf(NEG)), f(x, leaf(NEG)))
+    inference = make_fx(lambda x: cond(x.sum() > 0, rounded_times_three, torch.sin, (x,)))(POS)
+    torch.testing.assert_close(inference(POS), rounded_times_three(POS))

@@ -157,3 +157,26 @@ def test_grad_mode_and_custom_function_branches_equal_python_if(a, b, seed):
             x = (sign * base).requires_grad_()
             (got,) = torch.autograd.grad(loss(fn, x), x)
             torch.testing.assert_close(got, want)
+
+
+TRACEABLE_PIECES = [0, 1, 3]  # no custom Function: its backward is not in a traced graph
+
+
+@settings(max_examples=examples(4), deadline=None)
+@given(st.sampled_from(TRACEABLE_PIECES), st.sampled_from(TRACEABLE_PIECES), st.integers(0, 2**16))
+def test_grad_mode_branches_traced_equal_python_if(a, b, seed):
+    # A traced graph is differentiated by re-running it: nodes the branch computed
+    # under no_grad re-run under no_grad, to first and second order.
+    t, f = PIECES[a], PIECES[b]
+
+    def with_cond(x, y):
+        return cond(x.sum() > 0, lambda p, q: t(p) * q, lambda p, q: f(p) + q, (x, y))
+
+    def with_if(x, y):
+        return t(x) * y if x.sum() > 0 else f(x) + y
+
+    traced = make_fx(lambda x, y: derivatives(with_cond, x, y), tracing_mode="symbolic")(
+        *inputs(seed, 1.0)
+    )
+    for sign in (1.0, -1.0):
+        same(traced(*inputs(seed, sign)), derivatives(with_if, *inputs(seed, sign)))

@@ -26,10 +26,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import _compat, closures
+from ._compat import pytree
 from .batching import map_conditional
 from .closures import closure_free
+from .errors import UnsupportedCondError
 from .forms import Form, readable_on_host
-from .tracing import materialize_graph
+from .tracing import GRAD_DISABLED, OWN_BACKWARD, materialize_graph
 
 # --- the Autograd-key rule -----------------------------------------------------------
 
@@ -177,13 +179,20 @@ def _vjp_of(branch: Callable, n: int, need: Sequence[int], present: Sequence[int
         primals, cotangents = list(args[:n]), args[n:]
         for i in need:
             primals[i].requires_grad_(True)
-        outputs = _run_marking_stop_gradients(branch, primals)
+        outputs = _run_differentiably(branch, primals)
         pairs = [(outputs[j], g) for j, g in zip(present, cotangents) if outputs[j].requires_grad]
         wrt = [primals[i] for i in need]
         grads: tuple[torch.Tensor | None, ...]
         if pairs:
+            # create_graph: the backward's ops run with grad on, as the code's own
+            # forward did, so only its no_grad blocks are marked grad-disabled and a
+            # second derivative goes through the rest.
             grads = torch.autograd.grad(
-                [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True
+                [o for o, _ in pairs],
+                wrt,
+                [g for _, g in pairs],
+                allow_unused=True,
+                create_graph=True,
             )
         else:
             grads = (None,) * len(wrt)
@@ -203,7 +212,7 @@ def _jvp_of(branch: Callable, n: int, have: Sequence[int]):
         primals, tangents = list(args[:n]), args[n:]
         for i in have:
             primals[i].requires_grad_(True)
-        outputs = _run_marking_stop_gradients(branch, primals)
+        outputs = _run_differentiably(branch, primals)
         varied = [j for j, o in enumerate(outputs) if o.requires_grad]
         result = [torch.zeros_like(o) for o in outputs]
         if not varied:
@@ -243,9 +252,18 @@ _STOP_GRADIENT = "torchcond_stop_gradient"
 _DETACH = torch.ops.aten.detach.default
 
 
-class _StopGradientMarker(torch.fx.Interpreter):
+class _Differentiated(torch.fx.Interpreter):
+    """Runs a graph to differentiate it: nodes traced with grad off run with grad off,
+    and the branch's own detaches are marked as stop-gradients in the new trace."""
+
     def run_node(self, n):
-        out = super().run_node(n)
+        if n.meta.get(OWN_BACKWARD):
+            _refuse_own_backward(n, self.fetch_args_kwargs_from_env(n))
+        if n.meta.get(GRAD_DISABLED):
+            with torch.no_grad():
+                out = super().run_node(n)
+        else:
+            out = super().run_node(n)
         if n.op == "call_function" and n.target is _DETACH:
             node = _compat.traced_node(out)
             if node is not None:
@@ -253,9 +271,24 @@ class _StopGradientMarker(torch.fx.Interpreter):
         return out
 
 
-def _run_marking_stop_gradients(branch, args):
+def _refuse_own_backward(node, args_kwargs) -> None:
+    """A custom Function's forward on inputs that need a gradient: refuse, as its
+    backward is not in the graph and differentiating the forward ops is not it."""
+    if not any(_requires_grad(v) for v in pytree.tree_leaves(args_kwargs)):
+        return
+    trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+    where = f" at {trace[-2].strip()}" if len(trace) >= 2 else ""
+    raise UnsupportedCondError(
+        f"cannot differentiate a traced branch through {node.target}{where}: it ran "
+        "inside a custom torch.autograd.Function's forward (or inference_mode), whose "
+        "backward a traced branch graph does not keep. Differentiate eagerly or under "
+        "torch.compile, which run the Function's own backward."
+    )
+
+
+def _run_differentiably(branch, args):
     if isinstance(branch, torch.fx.GraphModule):
-        return tuple(_StopGradientMarker(branch).run(*args))
+        return tuple(_Differentiated(branch).run(*args))
     return tuple(branch(*args))
 
 

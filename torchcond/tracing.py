@@ -364,9 +364,64 @@ def trace_lifting(
             fx_tracer, lambda table: _LiftingTracker(table, fx_tracer, parent_fx_tracer, lifted)
         )
         traces = _branch_stack_traces(fx_tracer) if user_stack_traces else contextlib.nullcontext()
-        with traces:
+        with traces, _marking_grad_disabled_nodes(fx_tracer):
             gm = _compat.trace_inner(sub, fn, args)
     return gm, lifted
+
+
+# Node meta key: the traced code itself turned grad off for this node (a
+# ``torch.no_grad()`` block). Re-running the graph to differentiate it runs such nodes
+# under no_grad, so they stay constants, as they are to the branch's own autograd.
+GRAD_DISABLED = "torchcond_grad_disabled"
+# Node meta key: grad was off, but not by the traced code: the node is part of an
+# autograd.Function's forward (or an inference_mode block). Its derivative is that
+# Function's backward, which the graph does not hold.
+OWN_BACKWARD = "torchcond_own_backward"
+
+
+class _GradModeSetByCode(torch.overrides.TorchFunctionMode):
+    """Grad mode as the traced code sets it.
+
+    ``no_grad``, ``enable_grad`` and ``set_grad_enabled`` go through
+    ``torch._C._set_grad_enabled``, a torch function. An autograd.Function also runs
+    its forward with grad off, but in C++: that forward is differentiable code, and
+    only the code's own switches count.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.enabled = True
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is _compat.set_grad_enabled:
+            self.enabled = bool(args[0])
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _marking_grad_disabled_nodes(fx_tracer):
+    """Mark the nodes created while the traced code has grad off.
+
+    A trace that begins with grad off (inside an autograd.Function's forward, under
+    the caller's ``no_grad``) is not differentiated through; it marks nothing.
+    """
+    if not torch.is_grad_enabled():
+        yield
+        return
+    grad_mode = _GradModeSetByCode()
+    create_node = fx_tracer.create_node
+
+    def create_node_marking_grad_mode(*args, **kwargs):
+        node = create_node(*args, **kwargs)
+        if not grad_mode.enabled:
+            node.meta[GRAD_DISABLED] = True
+        elif not torch.is_grad_enabled():
+            node.meta[OWN_BACKWARD] = True
+        return node
+
+    fx_tracer.create_node = create_node_marking_grad_mode
+    with grad_mode:
+        yield
 
 
 _LIBRARY_DIRS = (

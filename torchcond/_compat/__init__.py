@@ -329,6 +329,10 @@ def current_make_fx_tracer():
 
 # --- derivative graphs -------------------------------------------------------------
 
+# What ``torch.no_grad()``/``enable_grad()``/``set_grad_enabled`` call: a torch function,
+# so a TorchFunctionMode sees the traced code's own switches (checked on 2.11-2.15).
+set_grad_enabled = torch._C._set_grad_enabled
+
 
 def active_fx_tracer():
     """The fx tracer of the innermost active make_fx proxy mode, or None."""
