@@ -275,7 +275,7 @@ def part2(run, quick: bool) -> None:
     table(
         "Part 2a: output GB/s against bytes per output (16 outputs)",
         sizes,
-        ("bytes/output", lambda p: fmt_bytes(p["bytes_per_output"])),
+        ("bytes/output", lambda p: common.fmt_bytes(p["bytes_per_output"])),
         ["torch.where", "select", "select, 0-d pred", "copy_"],
     )
     table(
@@ -301,14 +301,6 @@ def part2(run, quick: bool) -> None:
     run.note(f"part 2: {rounds} rounds of ~{min_run_time * 1e3:.0f} ms each, took {elapsed:.1f} s")
     run.results["size_sweep"] = sizes
     run.results["count_sweep"] = counts
-
-
-def fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:g} {unit}"
-        n /= 1024
-    return f"{n:g} TiB"
 
 
 def main(argv=None) -> int:

@@ -189,6 +189,15 @@ def write_json(path: str, data: dict) -> None:
 # --- timing -----------------------------------------------------------------------------
 
 
+def fmt_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KiB``: table cells and plot tick labels."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:g} {unit}"
+        n /= 1024
+    return f"{n:g} TiB"
+
+
 def timer(stmt: str, ns: dict, label: str = "", sub_label: str = "", description: str = ""):
     """A ``torch.utils.benchmark.Timer`` running ``stmt`` in namespace ``ns``."""
     return benchmark.Timer(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 
+import common  # benchmarks/common.py
+
 DPI = 100
 CLIP = 3.0  # the eager ratio axis stops here (outliers are counted, not drawn)
 COLORS = {
@@ -168,7 +170,7 @@ def select_gbps(ax, data: dict) -> None:
         ax.plot(xs, ys, ls, marker="o", ms=4, color=COLORS[cand], label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
-    ax.set_xticklabels([_fmt_bytes(x) for x in xs])
+    ax.set_xticklabels([common.fmt_bytes(x) for x in xs])
     ax.set_xlabel("bytes per output (16 float32 outputs)")
     ax.set_ylabel("output GB/s (output bytes / time)")
     ax.set_title("select throughput against output size")
@@ -205,7 +207,7 @@ def select_speedup_size(ax, data: dict) -> None:
         ax,
         pts,
         xs,
-        [_fmt_bytes(x) for x in xs],
+        [common.fmt_bytes(x) for x in xs],
         series,
         "bytes per output (16 float32 outputs)",
         "select vs torch.where, 16 outputs",
@@ -246,14 +248,6 @@ def plot_select(data: dict, path: str) -> str:
         [(select_gbps, data), (select_speedup_size, data), (select_count, data)],
         data,
     )
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "K", "M", "G"):
-        if n < 1024:
-            return f"{n:g}{unit}"
-        n /= 1024
-    return f"{n:g}T"
 
 
 # --- compile ------------------------------------------------------------------------------
