@@ -15,7 +15,8 @@ Those graphs are closure-free and call the operator again, so they differentiate
 the same way: a second derivative is a conditional of conditionals. They are traced
 once per forward graph and input signature (``_cache``). A vjp graph recomputes the
 branch from its inputs, so the only values kept for the backward are the primals
-that some branch's vjp reads (the others are pruned before the node is built).
+that some branch's vjp reads (the others are pruned before the node is built), and
+the random draws of branches that draw, which the recomputation replays (draws.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat, closures
+from . import _compat, closures, draws
 from ._compat import pytree
 from .batching import map_conditional
 from .closures import closure_free
@@ -41,10 +42,20 @@ def autograd_rule(form: Form, selector, branches, operands):
         return form.call_below_autograd(selector, branches, operands)
     if readable_on_host(selector):
         return form.taken_branch(selector, branches)(*operands)
-    branches, operands = closures.lift(form, branches, tuple(operands))
+    lifted, operands = closures.lift(form, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
-        return form.call_below_autograd(selector, branches, operands)
-    return Conditional.apply(form, selector, tuple(branches), *operands)
+        return form.call_below_autograd(selector, lifted, operands)
+    drawn = draws.saved_for_derivative(lifted, form.labels(len(lifted)))
+    if drawn is not None:
+        out = Conditional.apply(
+            form, selector, drawn.forward, (drawn.replay, drawn.n_draws), *operands
+        )
+        return out[: len(out) - drawn.n_draws]
+    if all(closure_free(b) for b in branches):
+        # Graphs as given (dynamo's call torch functions) are differentiated as they
+        # are: a custom autograd.Function in them runs its own backward.
+        return Conditional.apply(form, selector, tuple(lifted), (tuple(branches), 0), *operands)
+    return Conditional.apply(form, selector, tuple(lifted), None, *operands)
 
 
 def functorch_rule(form: Form, selector, branches, operands):
@@ -53,7 +64,7 @@ def functorch_rule(form: Form, selector, branches, operands):
     ``Conditional`` is a functorch-aware autograd.Function (``setup_context`` form),
     so applying it under the transform differentiates it with the rules below.
     """
-    return Conditional.apply(form, selector, tuple(branches), *operands)
+    return Conditional.apply(form, selector, tuple(branches), None, *operands)
 
 
 def _requires_grad(value) -> bool:
@@ -68,20 +79,29 @@ def _differentiable(t: torch.Tensor) -> bool:
 
 
 class Conditional(torch.autograd.Function):
-    """``op(selector, *branches, operands)`` with derivatives that are conditionals."""
+    """``op(selector, *branches, operands)`` with derivatives that are conditionals.
+
+    ``derivative`` is None (derivatives differentiate ``branches``), or
+    ``(graphs, n_draws)``: derivatives differentiate ``graphs``, the same functions
+    as ``branches``. With ``n_draws``, ``branches`` also return their random draws
+    (the last outputs) and ``graphs`` take them after the operands, so derivatives
+    replay the forward's draws (draws.py).
+    """
 
     @staticmethod
-    def forward(form, selector, branches, *operands):
+    def forward(form, selector, branches, derivative, *operands):
         return tuple(form.call_below_autograd(selector, branches, operands))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        form, selector, branches, *operands = inputs
-        ctx.form, ctx.branches, ctx.n_operands = form, branches, len(operands)
+        form, selector, branches, derivative, *operands = inputs
+        ctx.form, ctx.n_operands = form, len(operands)
+        ctx.branches, ctx.n_draws = (branches, 0) if derivative is None else derivative
         ctx.set_materialize_grads(False)
-        ctx.differentiable = [_differentiable(t) for t in output]
-        ctx.mark_non_differentiable(*[t for t in output if not _differentiable(t)])
-        values = (selector, *operands)
+        n_out = len(output) - ctx.n_draws
+        ctx.differentiable = [_differentiable(t) and j < n_out for j, t in enumerate(output)]
+        ctx.mark_non_differentiable(*[t for t, d in zip(output, ctx.differentiable) if not d])
+        values = (selector, *operands, *output[n_out:])
         ctx.tensor_at = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
         ctx.others = [v for v in values if not isinstance(v, torch.Tensor)]
         tensors = [values[i] for i in ctx.tensor_at]
@@ -91,7 +111,7 @@ class Conditional(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *cotangents):
         selector, primals = _saved(ctx)
-        need = [i for i in range(ctx.n_operands) if ctx.needs_input_grad[3 + i]]
+        need = [i for i in range(ctx.n_operands) if ctx.needs_input_grad[4 + i]]
         present = [j for j, g in enumerate(cotangents) if g is not None and ctx.differentiable[j]]
         grads: list = [None] * ctx.n_operands
         if need and present:
@@ -101,10 +121,10 @@ class Conditional(torch.autograd.Function):
             out = ctx.form.op(selector, *graphs, tuple(args[k] for k in used))
             for i, g in zip(need, out):
                 grads[i] = g
-        return (None, None, None, *grads)
+        return (None, None, None, None, *grads)
 
     @staticmethod
-    def vmap(info, in_dims, form, selector, branches, *operands):
+    def vmap(info, in_dims, form, selector, branches, derivative, *operands):
         # torch.func's jacrev/hessian vmap the backward over basis cotangents, and
         # per-example gradients vmap it over a batched selector.
         out = map_conditional(
@@ -113,14 +133,14 @@ class Conditional(torch.autograd.Function):
             in_dims[1],
             branches,
             operands,
-            in_dims[3:],
+            in_dims[4:],
             info.batch_size,
             info.randomness,
         )
         return out, (0,) * len(out)
 
     @staticmethod
-    def jvp(ctx, _form_t, _selector_t, _branches_t, *tangents):
+    def jvp(ctx, _form_t, _selector_t, _branches_t, _derivative_t, *tangents):
         selector, primals = _saved(ctx)
         have = [i for i, t in enumerate(tangents) if t is not None]
         if not have:
@@ -128,11 +148,14 @@ class Conditional(torch.autograd.Function):
         given = [tangents[i] for i in have]
         graphs = jvp_graphs(ctx.branches, primals, have, given)
         out = ctx.form.op(selector, *graphs, (*primals, *given))
+        out = (*out, *(None,) * ctx.n_draws)
         return tuple(t if d else None for t, d in zip(out, ctx.differentiable))
 
 
 def _saved(ctx):
-    values: list = [None] * (1 + ctx.n_operands)
+    """The selector, and the operands followed by the saved draws (what ``ctx.branches``
+    take)."""
+    values: list = [None] * (1 + ctx.n_operands + ctx.n_draws)
     saved = iter(ctx.saved_tensors)
     others = iter(ctx.others)
     tensor_at = set(ctx.tensor_at)
@@ -241,6 +264,7 @@ def _jvp_of(branch: Callable, n: int, have: Sequence[int]):
 def _derivative_graph(fn, args) -> torch.fx.GraphModule:
     gm = materialize_graph(fn, args)
     _drop_autograd_detaches(gm)
+    draws.refuse_redraws(gm)
     return gm
 
 

@@ -30,13 +30,14 @@ def lift(form: Form, branches, operands: tuple):
     A branch that closes over a parameter needs the parameter's gradient, but the
     Autograd key sees only the operands. Inside a make_fx session the branches are
     traced now, with closures lifted (as the proxy rule would), and the graphs are
-    handed on; the proxy rule then records them without tracing again. Without a
+    handed on; the proxy rule then records them without tracing again. Closure-free
+    graphs of aten ops are handed on as they are. Without a
     tracer (fake or meta tensors alone) closures are found by running the branches
     once and bound as extra inputs (below).
     """
-    if all(closure_free(b) for b in branches):
-        return branches, operands
     tracer = _compat.active_fx_tracer()
+    if all(closure_free(b) and (tracer is None or _aten_level(b)) for b in branches):
+        return branches, operands
     if tracer is None:
         found = grad_closures(branches, operands)
         if not found:
@@ -65,6 +66,24 @@ def lift(form: Form, branches, operands: tuple):
         graphs, inner = trace_branches(tracer, functional, inner, labels)
     lifted = tuple(wrappers.outer(v) for v in inner[len(operands) :])
     return graphs, operands + lifted
+
+
+def _aten_level(gm: torch.fx.GraphModule) -> bool:
+    """Calls only operators (aten, HOPs) and Python's builtins, as a make_fx graph does.
+
+    Dynamo's branch graphs call torch-level functions (``F.dropout``); traced here,
+    the autograd rule sees the ops they run (draws.py needs their random ops).
+    """
+    return all(
+        isinstance(n.target, (_compat.OpOverload, _compat.HigherOrderOperator))
+        or getattr(n.target, "__module__", None) in _BUILTIN_MODULES
+        or getattr(n.target, "__name__", "").startswith(("sym_", "_sym_"))  # torch.sym_max
+        for n in gm.graph.nodes
+        if n.op in ("call_function", "call_method", "call_module")
+    )
+
+
+_BUILTIN_MODULES = frozenset({"_operator", "operator", "builtins", "math"})
 
 
 def _recording(branch, mode):

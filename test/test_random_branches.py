@@ -1,0 +1,217 @@
+"""Branches that draw random numbers: a traced derivative replays the forward's draws.
+
+A traced derivative recomputes the branch from its inputs. Before torchcond saved the
+draws, dropout in a branch got a new mask in the backward (about half of the gradient
+entries wrong under make_fx and torch.compile); ``torch.cond`` on 2.13 still does.
+The reference is eager code with the same seed: a Python ``if`` under ordinary
+autograd, which draws once.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torchcond
+from torchcond import cond, switch
+
+P = 0.4
+
+
+def dropout(x):
+    return F.dropout(x, P, training=True) * 2
+
+
+def alpha_dropout(x):  # an in-place draw (bernoulli_) that the branch then writes to
+    return F.alpha_dropout(x, P, training=True)
+
+
+def times_uniform_noise(x):
+    return x * torch.rand_like(x)
+
+
+def bernoulli_gate(x):
+    return torch.bernoulli(x.sigmoid()) * x.cos()
+
+
+def dropout_of_a_flattened_matrix(x):  # a draw sized s0*s1 in symbolic tracing
+    return F.dropout(x.reshape(-1), P, training=True).reshape(x.shape) + x
+
+
+RANDOM_BRANCHES = [dropout, alpha_dropout, times_uniform_noise, bernoulli_gate]
+
+
+def loss_and_grad(pred, branch, other, x):
+    out = cond(pred, branch, other, (x,))
+    return out, torch.autograd.grad((out * out).sum(), x)[0]
+
+
+def reference(pred, branch, other, x):
+    """Eager: a Python if (what cond is in eager mode), differentiated by autograd."""
+    out = branch(x) if pred else other(x)
+    return out, torch.autograd.grad((out * out).sum(), x)[0]
+
+
+def leaf(shape=(6, 5)):
+    return (torch.rand(shape) + 0.5).requires_grad_()
+
+
+def seeded(fn, *args, seed=7):
+    torch.manual_seed(seed)
+    return fn(*args)
+
+
+def assert_same(got, want):
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("branch", RANDOM_BRANCHES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+@pytest.mark.parametrize("random_side", ["true_fn", "false_fn"])
+def test_make_fx_gradient_uses_the_forward_draw(branch, mode, random_side):
+    fns = (branch, torch.sin) if random_side == "true_fn" else (torch.sin, branch)
+    x = leaf()
+    gm = make_fx(lambda p, x: loss_and_grad(p, *fns, x), tracing_mode=mode)(torch.tensor(True), x)
+    for pred in (True, False):
+        got = seeded(gm, torch.tensor(pred), x)
+        assert_same(got, seeded(reference, pred, *fns, x))
+
+
+def test_symbolic_gradient_of_a_draw_sized_by_an_expression_of_input_sizes():
+    # The untaken branch returns zeros shaped like the other's draw: s0*s1 is rebuilt
+    # from its own inputs' sizes.
+    x = leaf()
+    fns = (torch.cos, dropout_of_a_flattened_matrix)
+    gm = make_fx(lambda p, x: loss_and_grad(p, *fns, x), tracing_mode="symbolic")(
+        torch.tensor(True), x
+    )
+    for shape in [(6, 5), (3, 7)]:
+        y = leaf(shape)
+        for pred in (True, False):
+            assert_same(seeded(gm, torch.tensor(pred), y), seeded(reference, pred, *fns, y))
+
+
+def test_switch_with_a_draw_in_two_branches():
+    branches = [dropout, torch.sin, times_uniform_noise]
+
+    def f(i, x):
+        out = switch(i, branches, (x,))
+        return out, torch.autograd.grad((out * out).sum(), x)[0]
+
+    def ref(i, x):
+        out = branches[i](x)
+        return out, torch.autograd.grad((out * out).sum(), x)[0]
+
+    x = leaf()
+    gm = make_fx(f, tracing_mode="symbolic")(torch.tensor(0), x)
+    for i in range(3):
+        assert_same(seeded(gm, torch.tensor(i), x), seeded(ref, i, x))
+
+
+def test_second_derivative_uses_the_forward_draw():
+    def f(pred, x):
+        out = cond(pred, times_uniform_noise, torch.sin, (x,))
+        (g,) = torch.autograd.grad((out**3).sum(), x, create_graph=True)
+        return out, g, torch.autograd.grad(g.sum(), x)[0]
+
+    def ref(pred, x):
+        out = times_uniform_noise(x) if pred else torch.sin(x)
+        (g,) = torch.autograd.grad((out**3).sum(), x, create_graph=True)
+        return out, g, torch.autograd.grad(g.sum(), x)[0]
+
+    x = leaf()
+    gm = make_fx(f, tracing_mode="fake")(torch.tensor(True), x)
+    for pred in (True, False):
+        assert_same(seeded(gm, torch.tensor(pred), x), seeded(ref, pred, x))
+
+
+class DropoutHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 5)
+        self.drop = torch.nn.Dropout(P)
+
+    def forward(self, x):
+        return cond(x.sum() > 0, lambda x: self.drop(self.lin(x)), lambda x: x.tanh(), (x,))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_training_gradient_uses_the_forward_mask(backend):
+    torch._dynamo.reset()
+    model = DropoutHead()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    x = leaf((64, 5))
+    out = compiled(x)
+    out.sum().backward()
+    # d out / d lin(x) is mask * scale: each kept entry's gradient reaches the weight
+    # exactly through the kept positions of the forward's output.
+    kept = (out != 0).to(out.dtype) / (1 - P)
+    weight_grad = kept.t() @ x.detach()
+    torch.testing.assert_close(model.lin.weight.grad, weight_grad)
+    torch.testing.assert_close(x.grad, kept @ model.lin.weight.detach())
+
+
+def grads_of_square(model, x, weight):
+    return torch.autograd.grad(model(x).pow(2).sum(), [x, weight], allow_unused=True)
+
+
+def test_aot_eager_training_equals_eager_with_the_same_seed():
+    torch._dynamo.reset()
+    model = DropoutHead()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    for x in (leaf((8, 5)), -leaf((8, 5)).detach().requires_grad_()):
+        got = seeded(grads_of_square, compiled, x, model.lin.weight)
+        want = seeded(grads_of_square, model, x, model.lin.weight)
+        torch.testing.assert_close(got[0], want[0])
+        # The compiled backward is a cond: the untaken branch's parameter gets zeros.
+        torch.testing.assert_close(got[1], torch.zeros_like(got[1]) if want[1] is None else want[1])
+
+
+def test_a_draw_inside_a_nested_conditional_is_refused_not_wrong():
+    def inner(x):
+        return cond(x.sum() > 1, dropout, torch.cos, (x,))
+
+    with pytest.raises(torchcond.UnsupportedCondError, match=r"nested graph .* random"):
+        make_fx(lambda p, x: loss_and_grad(p, inner, torch.sin, x), tracing_mode="fake")(
+            torch.tensor(True), leaf()
+        )
+
+
+def test_a_draw_the_derivative_cannot_replay_is_refused_not_wrong():
+    def noisy(x):
+        return torch.normal(x, x.abs() + 1)  # differentiable in mean and std
+
+    with pytest.raises(torchcond.UnsupportedCondError, match=r"aten.normal.*randn_like"):
+        make_fx(lambda p, x: loss_and_grad(p, noisy, torch.sin, x), tracing_mode="fake")(
+            torch.tensor(True), leaf()
+        )
+
+
+def test_inference_traces_keep_the_random_op_and_save_nothing():
+    gm = make_fx(lambda p, x: cond(p, dropout, torch.sin, (x,)), tracing_mode="fake")(
+        torch.tensor(True), torch.rand(4)
+    )
+    (node,) = [n for n in gm.graph.nodes if n.target is torchcond.ops.cond_op]
+    assert len(node.meta["val"]) == 1
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_a_torch_func_derivative_that_would_draw_again_is_refused_not_wrong(mode):
+    # torch.func.grad differentiates the Python branch, which draws anew when traced.
+    def loss(x):
+        return cond(x.sum() > 0, dropout, torch.sin, (x,)).pow(2).sum()
+
+    with pytest.raises(torchcond.UnsupportedCondError, match="draw new random numbers"):
+        make_fx(torch.func.grad(loss), tracing_mode=mode)(torch.rand(8) + 0.5)
+
+
+def test_a_torch_func_derivative_of_an_unread_draw_is_traced():
+    def loss(x):
+        return cond(
+            x.sum() > 0, lambda a: (a.sin(), torch.rand(3)), lambda a: (a.cos(), a[:3]), (x,)
+        )[0].sum()
+
+    x = torch.rand(8) + 0.5
+    gm = make_fx(torch.func.grad(loss), tracing_mode="fake")(x)
+    torch.testing.assert_close(gm(x), x.cos())

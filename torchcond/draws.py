@@ -1,0 +1,385 @@
+"""Random draws in branch graphs: saved by the forward, replayed by the derivative.
+
+A traced derivative recomputes a branch from its inputs (autograd.py). A branch that
+draws random numbers (dropout, ``rand_like``, ``bernoulli``) would draw new ones
+there, and its gradient would belong to another mask than its output. As cond_v2
+turns what the backward needs into outputs, the forward conditional returns every
+draw, and the derivative runs branches in which each random op is replaced by the
+value it drew.
+
+Branches must return the same outputs, so each branch returns every branch's draws:
+its own, and zeros shaped like the others'. The untaken branches' zeros are never
+read: each branch replays only its own draws.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import NamedTuple, cast
+
+import sympy
+import torch
+
+from . import _compat
+from .errors import UnsupportedCondError
+from .subgraph import written_arguments
+
+
+class Draws(NamedTuple):
+    """Branch graphs rewritten for a conditional whose branches draw random numbers.
+
+    ``forward[i]`` returns branch ``i``'s outputs, then ``n_draws`` draws (one slot per
+    random value any branch draws). ``replay[i]`` takes the operands, then the
+    ``n_draws`` draws, and uses its own in place of drawing.
+    """
+
+    forward: tuple[torch.fx.GraphModule, ...]
+    replay: tuple[torch.fx.GraphModule, ...]
+    n_draws: int
+
+
+# A random value in a graph: the node of a random op, and the index of the tensor in
+# its output when the op returns several (``native_dropout`` returns output and mask).
+_Ref = tuple[torch.fx.Node, "int | None"]
+
+
+def saved_for_derivative(branches: Sequence, labels: Sequence[str]) -> Draws | None:
+    """The branches rewritten to save and replay their draws; None when none draws."""
+    if not all(isinstance(b, torch.fx.GraphModule) for b in branches):
+        return None
+    found = [_random_values(gm, label) for gm, label in zip(branches, labels)]
+    if not any(found):
+        return None
+    slots = [(i, ref) for i, refs in enumerate(found) for ref in refs]
+    return Draws(
+        forward=tuple(_returning_draws(gm, i, slots) for i, gm in enumerate(branches)),
+        replay=tuple(_replaying_draws(gm, i, slots) for i, gm in enumerate(branches)),
+        n_draws=len(slots),
+    )
+
+
+def refuse_redraws(derivative: torch.fx.GraphModule) -> None:
+    """A derivative graph that draws would draw anew, not replay the forward's draws.
+
+    Branches rewritten by ``saved_for_derivative`` have no random op left; this is
+    what a derivative of any other branch (torch.func transforms over Python
+    branches) meets.
+    """
+    for node in derivative.graph.nodes:
+        if _is_random(node) and node.users:  # an unread draw changes nothing
+            raise UnsupportedCondError(
+                f"cannot trace this derivative of a conditional: its branch calls "
+                f"{node.target}, and the traced derivative would draw new random numbers "
+                "instead of the forward's. Differentiate with torch.autograd.grad or "
+                ".backward() inside the traced function, or under torch.compile: both "
+                "replay the forward's draws"
+            )
+
+
+def _is_random(node: torch.fx.Node) -> bool:
+    tags = getattr(node.target, "tags", ())
+    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
+
+
+# Random ops whose derivative with respect to their inputs is zero or undefined: their
+# draw, saved, replaces them exactly. (Their tensor inputs give a shape, a probability
+# or an in-place destination, not a value the output varies with smoothly.)
+_DRAWS = frozenset(
+    {
+        "rand",
+        "rand_like",
+        "randn",
+        "randn_like",
+        "randint",
+        "randint_like",
+        "randperm",
+        "bernoulli",
+        "bernoulli_",
+        "uniform",
+        "uniform_",
+        "normal_",
+        "normal_functional",
+        "exponential",
+        "exponential_",
+        "geometric",
+        "geometric_",
+        "cauchy",
+        "cauchy_",
+        "log_normal",
+        "log_normal_",
+        "random",
+        "random_",
+        "multinomial",
+        "poisson",
+    }
+)
+_NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
+
+
+def _random_values(gm: torch.fx.GraphModule, label: str) -> list[_Ref]:
+    refs: list[_Ref] = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and _draws_anywhere(getattr(gm, node.target, None)):
+            raise UnsupportedCondError(
+                f"cannot differentiate a traced conditional whose {label} holds a nested "
+                f"graph ('{node.target}') that draws random numbers: the derivative would "
+                "draw them again. Draw them outside the inner conditional and pass them "
+                "in as operands, or differentiate eagerly"
+            )
+        if not _is_random(node):
+            continue
+        if node.target is _NATIVE_DROPOUT:
+            refs.append((node, 1))  # the mask; the output is recomputed from it
+            continue
+        if _packet_name(node.target) not in _DRAWS:
+            raise UnsupportedCondError(
+                f"cannot differentiate a traced conditional whose {label} calls "
+                f"{node.target}: its output depends on its inputs through a random draw "
+                "the derivative cannot replay. Draw the noise alone (torch.randn_like, "
+                "torch.rand_like) and combine it with the inputs, or differentiate eagerly"
+            )
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            refs.append((node, None))
+        else:
+            refs.extend(
+                (node, k) for k, v in enumerate(cast(tuple, val)) if isinstance(v, torch.Tensor)
+            )
+    return refs
+
+
+def _packet_name(op) -> str:
+    return str(op).split(".")[1] if str(op).count(".") >= 1 else str(op)
+
+
+def _draws_anywhere(module) -> bool:
+    if not isinstance(module, torch.fx.GraphModule):
+        return False
+    return any(
+        _is_random(n) or (n.op == "get_attr" and _draws_anywhere(getattr(module, n.target, None)))
+        for n in module.graph.nodes
+    )
+
+
+def _value(ref: _Ref):
+    node, k = ref
+    val = node.meta["val"]
+    return val if k is None else val[k]
+
+
+def _copy(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict, list]:
+    """A new GraphModule over a copy of ``gm``'s graph, without its output node."""
+    graph = torch.fx.Graph()
+    env: dict = {}
+    outputs = graph.graph_copy(gm.graph, env)
+    copy = torch.fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    return copy, env, list(cast(tuple, outputs))
+
+
+def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Ref]]) -> torch.fx.GraphModule:
+    copy, env, outputs = _copy(gm)
+    graph = copy.graph
+    returned = set(outputs)
+    for j, ref in slots:
+        if j == i:
+            node = _own_value(graph, env, ref)
+            if node in returned or _written_after(gm, ref):
+                # Saved as drawn, before the branch writes to it in place; and outputs
+                # of a conditional never alias each other.
+                with graph.inserting_after(node):
+                    node = _clone(graph, node, _value(ref))
+        else:
+            node = _zeros_like_in(graph, _value(ref))
+        outputs.append(node)
+        returned.add(node)
+    graph.output(tuple(outputs))
+    # Branch outputs now outnumber the leaves of the user's output structure.
+    copy.meta["torchcond_out_spec"] = None
+    graph.lint()
+    copy.recompile()
+    return copy
+
+
+def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Ref]]) -> torch.fx.GraphModule:
+    copy, env, outputs = _copy(gm)
+    graph = copy.graph
+    graph.output(tuple(outputs))
+    last = graph.find_nodes(op="placeholder")
+    anchor = last[-1] if last else None
+    replaced = []
+    for k, (j, ref) in enumerate(slots):
+        where = (
+            graph.inserting_after(anchor)
+            if anchor is not None
+            else graph.inserting_before(next(iter(graph.nodes)))
+        )
+        with where:
+            placeholder = graph.placeholder(f"draw_{k}")
+        placeholder.meta["val"] = _value(ref)
+        anchor = placeholder
+        if j == i:
+            node, index = ref
+            mine = env[node]
+            value = placeholder
+            if _written_after(gm, ref):  # the branch writes to its draw: not to an input
+                with graph.inserting_after(mine):
+                    value = _clone(graph, placeholder, _value(ref))
+            if index is None:
+                mine.replace_all_uses_with(value)
+                _redirect_destination(graph, mine, value)
+            else:
+                for user in list(mine.users):
+                    if user.target is operator.getitem and user.args[1] == index:
+                        user.replace_all_uses_with(value)
+                        graph.erase_node(user)
+            if node.target is _NATIVE_DROPOUT:
+                _dropout_from_mask(graph, mine, placeholder)
+            replaced.append(mine)
+    for node in dict.fromkeys(replaced):
+        if not node.users:
+            graph.erase_node(node)
+    graph.lint()
+    copy.recompile()
+    return copy
+
+
+def _written_after(gm: torch.fx.GraphModule, ref: _Ref) -> bool:
+    """Whether a node after the random one writes in place to the value it drew."""
+    node, _ = ref
+    key = _compat.storage_key(_value(ref))
+    later = False
+    for other in gm.graph.nodes:
+        if other is node:
+            later = True
+        elif later and other.op == "call_function" and isinstance(other.target, _compat.OpOverload):
+            for written in written_arguments(other.target, other.args, other.kwargs):
+                val = written.meta.get("val") if isinstance(written, torch.fx.Node) else None
+                if isinstance(val, torch.Tensor) and _compat.storage_key(val) == key:
+                    return True
+    return False
+
+
+def _redirect_destination(graph: torch.fx.Graph, random_node, value) -> None:
+    """An in-place draw (``empty.bernoulli_(p)``) wrote its destination: later readers of
+    the destination read the replayed draw instead."""
+    if not isinstance(random_node.target, _compat.OpOverload):
+        return
+    for dest in written_arguments(random_node.target, random_node.args, random_node.kwargs):
+        if not isinstance(dest, torch.fx.Node):
+            continue
+        order = {n: k for k, n in enumerate(graph.nodes)}
+        for user in list(dest.users):
+            if user is not random_node and order[user] > order[random_node]:
+                user.replace_input_with(dest, value)
+
+
+def _clone(graph, node, val) -> torch.fx.Node:
+    with _compat.disable_proxy_modes_tracing():
+        copy = val.clone()
+    return _call(graph, torch.ops.aten.clone.default, (node,), copy)
+
+
+def _dropout_from_mask(graph: torch.fx.Graph, dropout: torch.fx.Node, mask: torch.fx.Node) -> None:
+    """``native_dropout``'s output from its saved mask, as ATen computes it:
+    ``input * mask * (1 / (1 - p))``, or the input itself when not training."""
+    x, p, train = (*dropout.args, None)[:3]
+    p = float(cast(float, p))
+    scale = (0.0 if p == 1 else 1.0 / (1.0 - p)) if train is not False else 1.0
+    for user in list(dropout.users):
+        if user.target is operator.getitem and user.args[1] == 0:
+            with graph.inserting_before(user):
+                masked = _call(graph, torch.ops.aten.mul.Tensor, (x, mask), user.meta.get("val"))
+                out = _call(graph, torch.ops.aten.mul.Tensor, (masked, scale), user.meta.get("val"))
+            user.replace_all_uses_with(out)
+            graph.erase_node(user)
+
+
+def _own_value(graph: torch.fx.Graph, env: dict, ref: _Ref) -> torch.fx.Node:
+    node, k = ref
+    mine = env[node]
+    if k is None:
+        return mine
+    for user in mine.users:
+        if user.target is operator.getitem and user.args[1] == k:
+            return user
+    with graph.inserting_after(mine):
+        return _call(graph, operator.getitem, (mine, k), _value(ref))
+
+
+def _call(graph, target, args, val, kwargs=None) -> torch.fx.Node:
+    node = graph.call_function(target, args, kwargs or {})
+    node.meta["val"] = val
+    return node
+
+
+def _zeros_like_in(graph: torch.fx.Graph, value: torch.Tensor) -> torch.fx.Node:
+    """Zeros shaped like another branch's draw, with sizes from this graph's inputs."""
+    sizes = _SizeNodes(graph)  # appended at the end: the graph has no output node yet
+    size = [sizes.node_for(s) for s in value.shape]
+    with _compat.disable_proxy_modes_tracing():
+        val = value.new_zeros(value.shape)
+    return _call(
+        graph,
+        torch.ops.aten.zeros.default,
+        (size,),
+        val,
+        {"dtype": value.dtype, "device": value.device},
+    )
+
+
+class _SizeNodes:
+    """Nodes for symbolic sizes, built from the sizes of the graph's placeholders.
+
+    Every branch graph takes the same inputs, so a size of one branch's draw that is
+    an expression in input sizes can be rebuilt in another branch.
+    """
+
+    def __init__(self, graph: torch.fx.Graph):
+        self.graph = graph
+        self.known: dict = {}
+        for ph in graph.find_nodes(op="placeholder"):
+            val = ph.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                self.known.setdefault(val.node.expr, (ph, val))
+            elif isinstance(val, torch.Tensor):
+                for d, s in enumerate(val.shape):
+                    if isinstance(s, torch.SymInt):
+                        self.known.setdefault(s.node.expr, ((ph, d), s))
+
+    def node_for(self, size):
+        if not isinstance(size, torch.SymInt):
+            return int(size)
+        built = self._build(size.node.expr)
+        if built is None:
+            raise UnsupportedCondError(
+                f"cannot save a random draw of a traced branch for its derivative: its size "
+                f"{size} is not an expression in the sizes of the conditional's inputs"
+            )
+        return built[0]
+
+    def _build(self, expr):
+        """``(node or int, SymInt or int)`` for ``expr``, or None."""
+        if expr.is_Integer:
+            return int(expr), int(expr)
+        hit = self.known.get(expr)
+        if hit is not None:
+            where, val = hit
+            if isinstance(where, tuple):
+                ph, d = where
+                node = _call(self.graph, torch.ops.aten.sym_size.int, (ph, d), val)
+                self.known[expr] = (node, val)
+                return node, val
+            return where, val
+        if isinstance(expr, (sympy.Add, sympy.Mul)):
+            combine = operator.add if isinstance(expr, sympy.Add) else operator.mul
+            parts = [self._build(arg) for arg in expr.args]
+            if any(p is None for p in parts):
+                return None
+            node, val = parts[0]
+            for other, other_val in parts[1:]:
+                val = combine(val, other_val)
+                node = _call(self.graph, combine, (node, other), val)
+            return node, val
+        return None
