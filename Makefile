@@ -62,7 +62,8 @@ format: $(DEPS_STAMP)
 
 # Nightly-style: the hypothesis properties with EXAMPLES_SCALE times their examples
 # (cond/switch against a Python `if` over pytrees, dtypes, layouts with equal dims,
-# in-place branches under select and vmap, grad-mode and custom-Function branches).
+# in-place branches under select and vmap, grad-mode and custom-Function branches,
+# branches that draw random numbers).
 EXAMPLES_SCALE ?= 20
 test-long: install
 	TORCHCOND_EXAMPLES_SCALE=$(EXAMPLES_SCALE) $(PY) -m pytest -q -p no:cacheprovider test/test_properties.py test/test_autograd_properties.py

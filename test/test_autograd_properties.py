@@ -180,3 +180,41 @@ def test_grad_mode_branches_traced_equal_python_if(a, b, seed):
     )
     for sign in (1.0, -1.0):
         same(traced(*inputs(seed, sign)), derivatives(with_if, *inputs(seed, sign)))
+
+
+# --- random draws inside branches -------------------------------------------------------
+
+DRAWING = [
+    lambda x: torch.nn.functional.dropout(x, 0.3, training=True),
+    lambda x: x * torch.rand_like(x),
+    lambda x: torch.bernoulli(x.sigmoid()) * x.cos(),
+    lambda x: torch.nn.functional.alpha_dropout(x, 0.2, training=True) * x,
+    lambda x: x.sin(),  # no draw: mixed with a drawing branch
+]
+
+
+def _seeded(fn, *args):
+    torch.manual_seed(1234)
+    return fn(*args)
+
+
+@settings(max_examples=examples(6), deadline=None)
+@given(
+    st.lists(st.sampled_from(range(len(DRAWING))), min_size=2, max_size=3),
+    st.sampled_from(["fake", "symbolic"]),
+    st.integers(0, 2**16),
+)
+def test_drawing_branches_traced_equal_python_if_with_the_same_seed(picks, mode, seed):
+    # The traced derivative replays the forward's draws; eager draws once. Both draw the
+    # same numbers from the same seed, so values and first/second derivatives agree.
+    branches = [lambda p, q, f=DRAWING[i]: f(p) * q for i in picks]
+
+    def with_switch(i, x, y):
+        return switch(i, branches, (x, y))
+
+    traced = make_fx(
+        lambda i, x, y: derivatives(lambda a, b: with_switch(i, a, b), x, y), tracing_mode=mode
+    )(torch.tensor(0), *inputs(seed, 1.0))
+    for i in range(len(branches)):
+        want = _seeded(derivatives, branches[i], *inputs(seed, 1.0))
+        same(_seeded(traced, torch.tensor(i), *inputs(seed, 1.0)), want)
