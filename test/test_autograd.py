@@ -587,3 +587,19 @@ def test_a_custom_function_traces_where_nothing_differentiates_through_it():
         assert_grads_equal(gm(x, leaf(NEG)), f(x, leaf(NEG)))
     inference = make_fx(lambda x: cond(x.sum() > 0, rounded_times_three, torch.sin, (x,)))(POS)
     torch.testing.assert_close(inference(POS), rounded_times_three(POS))
+
+
+def test_a_nested_conditional_traces_to_the_second_derivative():
+    # The inner node of a vjp graph is recorded inside torchcond's own
+    # autograd.Function; that is not a custom Function whose backward is missing.
+    def inner(a):
+        return cond(a.sum() > 0.5, torch.sin, torch.cos, (a,))
+
+    def second(x):
+        out = cond(x.sum() > 0, inner, torch.tanh, (x,))
+        (g,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+        return g, torch.autograd.grad(g.sum(), x)[0]
+
+    gm = make_fx(second, tracing_mode="fake")(leaf(POS))
+    for x in (POS, NEG, POS * 0.01):
+        assert_grads_equal(gm(leaf(x)), second(leaf(x)))

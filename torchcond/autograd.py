@@ -32,7 +32,7 @@ from .batching import map_conditional
 from .closures import closure_free
 from .errors import UnsupportedCondError
 from .forms import Form, readable_on_host
-from .tracing import GRAD_DISABLED, OWN_BACKWARD, materialize_graph
+from .tracing import GRAD_DISABLED, OWN_BACKWARD, conditional_forward, materialize_graph
 
 # --- the Autograd-key rule -----------------------------------------------------------
 
@@ -90,7 +90,8 @@ class Conditional(torch.autograd.Function):
 
     @staticmethod
     def forward(form, selector, branches, derivative, *operands):
-        return tuple(form.call_below_autograd(selector, branches, operands))
+        with conditional_forward():
+            return tuple(form.call_below_autograd(selector, branches, operands))
 
     @staticmethod
     def setup_context(ctx, inputs, output):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import os
 import weakref
@@ -398,6 +399,23 @@ class _GradModeSetByCode(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+# Set while torchcond's own autograd.Function runs its forward: the conditional node
+# it records is differentiated by the operator's Autograd rule, not a user's backward.
+_IN_CONDITIONAL_FORWARD: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "torchcond_in_conditional_forward", default=False
+)
+
+
+@contextlib.contextmanager
+def conditional_forward():
+    """Around ``autograd.Conditional.forward``: its grad-off is not a custom backward's."""
+    token = _IN_CONDITIONAL_FORWARD.set(True)
+    try:
+        yield
+    finally:
+        _IN_CONDITIONAL_FORWARD.reset(token)
+
+
 @contextlib.contextmanager
 def _marking_grad_disabled_nodes(fx_tracer):
     """Mark the nodes created while the traced code has grad off.
@@ -415,7 +433,7 @@ def _marking_grad_disabled_nodes(fx_tracer):
         node = create_node(*args, **kwargs)
         if not grad_mode.enabled:
             node.meta[GRAD_DISABLED] = True
-        elif not torch.is_grad_enabled():
+        elif not torch.is_grad_enabled() and not _IN_CONDITIONAL_FORWARD.get():
             node.meta[OWN_BACKWARD] = True
         return node
 
