@@ -190,6 +190,7 @@ DRAWING = [
     lambda x: torch.bernoulli(x.sigmoid()) * x.cos(),
     lambda x: torch.nn.functional.alpha_dropout(x, 0.2, training=True) * x,
     lambda x: x.sin(),  # no draw: mixed with a drawing branch
+    lambda x: cond(x.sum() > 2.4, DRAWING[0], DRAWING[1], (x,)),  # draws one level down
 ]
 
 

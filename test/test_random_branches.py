@@ -168,14 +168,35 @@ def test_aot_eager_training_equals_eager_with_the_same_seed():
         torch.testing.assert_close(got[1], torch.zeros_like(got[1]) if want[1] is None else want[1])
 
 
-def test_a_draw_inside_a_nested_conditional_is_refused_not_wrong():
-    def inner(x):
-        return cond(x.sum() > 1, dropout, torch.cos, (x,))
+def inner_cond(x):
+    return cond(x.sum() > 5, dropout, lambda a: a * torch.rand_like(a).cos(), (x,))
 
-    with pytest.raises(torchcond.UnsupportedCondError, match=r"nested graph .* random"):
-        make_fx(lambda p, x: loss_and_grad(p, inner, torch.sin, x), tracing_mode="fake")(
-            torch.tensor(True), leaf()
-        )
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_a_draw_inside_a_nested_conditional_is_replayed(mode):
+    # The inner node returns its draws; the outer one returns them on.
+    x = leaf()
+    gm = make_fx(lambda p, x: loss_and_grad(p, inner_cond, torch.sin, x), tracing_mode=mode)(
+        torch.tensor(True), x
+    )
+    for pred in (True, False):
+        for y in (x, (x * 0.1).detach().requires_grad_()):  # inner: either branch
+            assert_same(
+                seeded(gm, torch.tensor(pred), y), seeded(reference, pred, inner_cond, torch.sin, y)
+            )
+
+
+def test_a_draw_inside_a_nested_conditional_is_replayed_in_compiled_training():
+    torch._dynamo.reset()
+
+    def f(x):
+        return cond(x.sum() > 0, inner_cond, torch.tanh, (x,))
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    for x in (leaf(), (leaf() * 0.1).detach().requires_grad_()):
+        got = seeded(lambda x: torch.autograd.grad(compiled(x).pow(2).sum(), x), x)
+        want = seeded(lambda x: torch.autograd.grad(inner_cond(x).pow(2).sum(), x), x)
+        assert_same(got, want)
 
 
 def test_a_draw_the_derivative_cannot_replay_is_refused_not_wrong():

@@ -9,7 +9,10 @@ value it drew.
 
 Branches must return the same outputs, so each branch returns every branch's draws:
 its own, and zeros shaped like the others'. The untaken branches' zeros are never
-read: each branch replays only its own draws.
+read: each branch replays only its own draws. A nested conditional whose branches
+draw is rewritten the same way, recursively: it returns its draws after its outputs,
+the enclosing branch returns them on, and in the replay it is given them back as
+operands.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import torch
 
 from . import _compat
 from .errors import UnsupportedCondError
-from .subgraph import written_arguments
+from .forms import pack, unpack
+from .subgraph import getattr_path, written_arguments
 
 
 class Draws(NamedTuple):
@@ -37,11 +41,16 @@ class Draws(NamedTuple):
     forward: tuple[torch.fx.GraphModule, ...]
     replay: tuple[torch.fx.GraphModule, ...]
     n_draws: int
+    values: tuple[torch.Tensor, ...]  # each draw's (fake) value
 
 
-# A random value in a graph: the node of a random op, and the index of the tensor in
-# its output when the op returns several (``native_dropout`` returns output and mask).
-_Ref = tuple[torch.fx.Node, "int | None"]
+class _Slot(NamedTuple):
+    """One drawn value in a branch graph."""
+
+    node: torch.fx.Node  # a random op, or a nested conditional whose branches draw
+    output_at: int | None  # which tensor of the node's output; None: the output itself
+    value: torch.Tensor
+    inner: Draws | None = None  # a nested conditional's branches, rewritten
 
 
 def saved_for_derivative(branches: Sequence, labels: Sequence[str]) -> Draws | None:
@@ -51,11 +60,12 @@ def saved_for_derivative(branches: Sequence, labels: Sequence[str]) -> Draws | N
     found = [_random_values(gm, label) for gm, label in zip(branches, labels)]
     if not any(found):
         return None
-    slots = [(i, ref) for i, refs in enumerate(found) for ref in refs]
+    slots = [(i, slot) for i, own in enumerate(found) for slot in own]
     return Draws(
         forward=tuple(_returning_draws(gm, i, slots) for i, gm in enumerate(branches)),
         replay=tuple(_replaying_draws(gm, i, slots) for i, gm in enumerate(branches)),
         n_draws=len(slots),
+        values=tuple(slot.value for _, slot in slots),
     )
 
 
@@ -117,20 +127,28 @@ _DRAWS = frozenset(
 _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
 
 
-def _random_values(gm: torch.fx.GraphModule, label: str) -> list[_Ref]:
-    refs: list[_Ref] = []
+def _random_values(gm: torch.fx.GraphModule, label: str) -> list[_Slot]:
+    refs: list[_Slot] = []
     for node in gm.graph.nodes:
-        if node.op == "get_attr" and _draws_anywhere(getattr(gm, node.target, None)):
+        if _is_conditional(node):
+            refs.extend(_nested_draws(gm, node, label))
+            continue
+        if (
+            node.op == "get_attr"
+            and not all(_is_conditional(user) for user in node.users)
+            and _draws_anywhere(getattr_path(gm, node.target))
+        ):
             raise UnsupportedCondError(
-                f"cannot differentiate a traced conditional whose {label} holds a nested "
-                f"graph ('{node.target}') that draws random numbers: the derivative would "
-                "draw them again. Draw them outside the inner conditional and pass them "
-                "in as operands, or differentiate eagerly"
+                f"cannot differentiate a traced conditional whose {label} holds a graph "
+                f"('{node.target}') of another operator that draws random numbers: the "
+                "derivative would draw them again. Draw them outside it and pass them in, "
+                "or differentiate eagerly"
             )
         if not _is_random(node):
             continue
+        val = node.meta.get("val")
         if node.target is _NATIVE_DROPOUT:
-            refs.append((node, 1))  # the mask; the output is recomputed from it
+            refs.append(_Slot(node, 1, val[1]))  # the mask; the output is recomputed from it
             continue
         if _packet_name(node.target) not in _DRAWS:
             raise UnsupportedCondError(
@@ -139,14 +157,40 @@ def _random_values(gm: torch.fx.GraphModule, label: str) -> list[_Ref]:
                 "the derivative cannot replay. Draw the noise alone (torch.randn_like, "
                 "torch.rand_like) and combine it with the inputs, or differentiate eagerly"
             )
-        val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            refs.append((node, None))
+            refs.append(_Slot(node, None, val))
         else:
             refs.extend(
-                (node, k) for k, v in enumerate(cast(tuple, val)) if isinstance(v, torch.Tensor)
+                _Slot(node, k, v)
+                for k, v in enumerate(cast(tuple, val))
+                if isinstance(v, torch.Tensor)
             )
     return refs
+
+
+_CONDITIONALS = ("torchcond_cond", "torchcond_switch")
+
+
+def _is_conditional(node: torch.fx.Node) -> bool:
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, _compat.HigherOrderOperator)
+        and target.name() in _CONDITIONALS
+    )
+
+
+def _nested_draws(gm, node: torch.fx.Node, label: str) -> list[_Slot]:
+    """A nested conditional whose branches draw: its branches rewritten, and one slot per
+    draw, which the rewritten node returns after its outputs."""
+    _, branch_nodes, _ = unpack(node.args)
+    inner_branches = [getattr_path(gm, b.target) for b in branch_nodes]
+    inner_labels = [f"{label} (nested branch {k})" for k in range(len(inner_branches))]
+    inner = saved_for_derivative(inner_branches, inner_labels)
+    if inner is None:
+        return []
+    n_out = len(node.meta["val"])
+    return [_Slot(node, n_out + t, v, inner) for t, v in enumerate(inner.values)]
 
 
 def _packet_name(op) -> str:
@@ -157,15 +201,9 @@ def _draws_anywhere(module) -> bool:
     if not isinstance(module, torch.fx.GraphModule):
         return False
     return any(
-        _is_random(n) or (n.op == "get_attr" and _draws_anywhere(getattr(module, n.target, None)))
+        _is_random(n) or (n.op == "get_attr" and _draws_anywhere(getattr_path(module, n.target)))
         for n in module.graph.nodes
     )
-
-
-def _value(ref: _Ref):
-    node, k = ref
-    val = node.meta["val"]
-    return val if k is None else val[k]
 
 
 def _copy(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict, list]:
@@ -178,20 +216,25 @@ def _copy(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict, list]:
     return copy, env, list(cast(tuple, outputs))
 
 
-def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Ref]]) -> torch.fx.GraphModule:
+def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx.GraphModule:
     copy, env, outputs = _copy(gm)
     graph = copy.graph
+    for nested in _nested_nodes(slots, i):
+        inner = cast(Draws, nested.inner)
+        node = env[nested.node]
+        _swap_branches(copy, node, inner.forward)
+        node.meta["val"] = (*node.meta["val"], *inner.values)
     returned = set(outputs)
-    for j, ref in slots:
+    for j, slot in slots:
         if j == i:
-            node = _own_value(graph, env, ref)
-            if node in returned or _written_after(gm, ref):
+            node = _own_value(graph, env, slot)
+            if node in returned or _written_after(gm, slot):
                 # Saved as drawn, before the branch writes to it in place; and outputs
                 # of a conditional never alias each other.
                 with graph.inserting_after(node):
-                    node = _clone(graph, node, _value(ref))
+                    node = _clone(graph, node, slot.value)
         else:
-            node = _zeros_like_in(graph, _value(ref))
+            node = _zeros_like_in(graph, slot.value)
         outputs.append(node)
         returned.add(node)
     graph.output(tuple(outputs))
@@ -202,14 +245,15 @@ def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Ref]]) -> torch.fx.
     return copy
 
 
-def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Ref]]) -> torch.fx.GraphModule:
+def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx.GraphModule:
     copy, env, outputs = _copy(gm)
     graph = copy.graph
     graph.output(tuple(outputs))
     last = graph.find_nodes(op="placeholder")
     anchor = last[-1] if last else None
     replaced = []
-    for k, (j, ref) in enumerate(slots):
+    nested_inputs: dict[torch.fx.Node, list] = {}
+    for k, (j, slot) in enumerate(slots):
         where = (
             graph.inserting_after(anchor)
             if anchor is not None
@@ -217,15 +261,17 @@ def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Ref]]) -> torch.fx.
         )
         with where:
             placeholder = graph.placeholder(f"draw_{k}")
-        placeholder.meta["val"] = _value(ref)
+        placeholder.meta["val"] = slot.value
         anchor = placeholder
-        if j == i:
-            node, index = ref
+        if j == i and slot.inner is not None:
+            nested_inputs.setdefault(slot.node, []).append(placeholder)
+        elif j == i:
+            node, index = slot.node, slot.output_at
             mine = env[node]
             value = placeholder
-            if _written_after(gm, ref):  # the branch writes to its draw: not to an input
+            if _written_after(gm, slot):  # the branch writes to its draw: not to an input
                 with graph.inserting_after(mine):
-                    value = _clone(graph, placeholder, _value(ref))
+                    value = _clone(graph, placeholder, slot.value)
             if index is None:
                 mine.replace_all_uses_with(value)
                 _redirect_destination(graph, mine, value)
@@ -240,15 +286,49 @@ def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Ref]]) -> torch.fx.
     for node in dict.fromkeys(replaced):
         if not node.users:
             graph.erase_node(node)
+    for nested in _nested_nodes(slots, i):
+        # The inner conditional over branches that replay, given its draws as operands.
+        node = env[nested.node]
+        _swap_branches(copy, node, cast(Draws, nested.inner).replay)
+        selector, branch_nodes, operands = unpack(node.args)
+        node.args = pack(selector, branch_nodes, (*operands, *nested_inputs[nested.node]))
     graph.lint()
     copy.recompile()
     return copy
 
 
-def _written_after(gm: torch.fx.GraphModule, ref: _Ref) -> bool:
+def _nested_nodes(slots: Sequence[tuple[int, _Slot]], i: int) -> list[_Slot]:
+    """Branch ``i``'s nested conditionals that draw, one slot each."""
+    seen: dict = {}
+    for j, slot in slots:
+        if j == i and slot.inner is not None:
+            seen.setdefault(slot.node, slot)
+    return list(seen.values())
+
+
+def _swap_branches(gm: torch.fx.GraphModule, node: torch.fx.Node, graphs) -> None:
+    """Make the conditional ``node`` of ``gm`` call ``graphs`` as its branches."""
+    selector, branch_nodes, operands = unpack(node.args)
+    swapped = []
+    for old, new in zip(branch_nodes, graphs):
+        name, k = f"{old.target}_draws", 0
+        while hasattr(gm, f"{name}_{k}"):
+            k += 1
+        gm.add_submodule(f"{name}_{k}", new)
+        with gm.graph.inserting_before(node):
+            swapped.append(gm.graph.get_attr(f"{name}_{k}"))
+    node.args = pack(selector, swapped, operands)
+    for old in branch_nodes:
+        if not old.users:
+            gm.graph.erase_node(old)
+
+
+def _written_after(gm: torch.fx.GraphModule, slot: _Slot) -> bool:
     """Whether a node after the random one writes in place to the value it drew."""
-    node, _ = ref
-    key = _compat.storage_key(_value(ref))
+    if slot.inner is not None:  # a fresh output of a nested conditional
+        return False
+    node = slot.node
+    key = _compat.storage_key(slot.value)
     later = False
     for other in gm.graph.nodes:
         if other is node:
@@ -296,16 +376,15 @@ def _dropout_from_mask(graph: torch.fx.Graph, dropout: torch.fx.Node, mask: torc
             graph.erase_node(user)
 
 
-def _own_value(graph: torch.fx.Graph, env: dict, ref: _Ref) -> torch.fx.Node:
-    node, k = ref
-    mine = env[node]
+def _own_value(graph: torch.fx.Graph, env: dict, slot: _Slot) -> torch.fx.Node:
+    mine, k = env[slot.node], slot.output_at
     if k is None:
         return mine
     for user in mine.users:
         if user.target is operator.getitem and user.args[1] == k:
             return user
     with graph.inserting_after(mine):
-        return _call(graph, operator.getitem, (mine, k), _value(ref))
+        return _call(graph, operator.getitem, (mine, k), slot.value)
 
 
 def _call(graph, target, args, val, kwargs=None) -> torch.fx.Node:
