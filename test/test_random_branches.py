@@ -199,13 +199,40 @@ def test_a_draw_inside_a_nested_conditional_is_replayed_in_compiled_training():
         assert_same(got, want)
 
 
-def test_a_draw_the_derivative_cannot_replay_is_refused_not_wrong():
-    def noisy(x):
-        return torch.normal(x, x.abs() + 1)  # differentiable in mean and std
+def noisy(x):
+    # A reparameterized sample: its gradient reads the draw, which cannot be replayed.
+    return torch.distributions.Gamma(x, torch.ones_like(x), validate_args=False).rsample()
 
-    with pytest.raises(torchcond.UnsupportedCondError, match=r"aten.normal.*randn_like"):
+
+def test_a_draw_the_derivative_cannot_replay_is_refused_not_wrong():
+    with pytest.raises(torchcond.UnsupportedCondError, match=r"standard_gamma.*randn_like"):
         make_fx(lambda p, x: loss_and_grad(p, noisy, torch.sin, x), tracing_mode="fake")(
             torch.tensor(True), leaf()
+        )
+
+
+def test_a_draw_no_derivative_reads_is_not_refused():
+    # The forward alone reads the sample; only a derivative would read it again.
+    x = leaf()
+    forward = make_fx(lambda p, x: cond(p, noisy, torch.sin, (x,)), tracing_mode="fake")(
+        torch.tensor(True), x
+    )
+    assert forward(torch.tensor(False), x).equal(x.sin())
+    torch.testing.assert_close(seeded(forward, torch.tensor(True), x), seeded(noisy, x))
+
+
+def test_normal_is_replayed_with_its_zero_gradient():
+    # Autograd gives torch.normal's mean and std zero gradients; the draw is saved.
+    def shifted(x):
+        return torch.normal(x, 2.0) + x
+
+    x = leaf()
+    gm = make_fx(lambda p, x: loss_and_grad(p, shifted, torch.sin, x), tracing_mode="fake")(
+        torch.tensor(True), x
+    )
+    for pred in (True, False):
+        assert_same(
+            seeded(gm, torch.tensor(pred), x), seeded(reference, pred, shifted, torch.sin, x)
         )
 
 

@@ -70,21 +70,43 @@ def saved_for_derivative(branches: Sequence, labels: Sequence[str]) -> Draws | N
 
 
 def refuse_redraws(derivative: torch.fx.GraphModule) -> None:
-    """A derivative graph that draws would draw anew, not replay the forward's draws.
+    """A derivative graph that reads a draw would draw anew, not replay the forward's.
 
-    Branches rewritten by ``saved_for_derivative`` have no random op left; this is
-    what a derivative of any other branch (torch.func transforms over Python
-    branches) meets.
+    Branches rewritten by ``saved_for_derivative`` have no replayable random op left.
+    What remains: ops it cannot replay, and any draw in the derivative of a branch
+    it did not rewrite (torch.func transforms over Python branches). Refused only
+    here, where a derivative reads them: a forward, or a derivative that does not
+    need the drawn value (``normal(mean, std)``'s gradient for ``mean``), is right.
     """
-    for node in derivative.graph.nodes:
+    node = _read_draw(derivative)
+    if node is None:
+        return
+    if not _replayable(node):
+        raise UnsupportedCondError(
+            f"cannot trace this derivative of a conditional: its branch calls "
+            f"{node.target}, whose output depends on its inputs through a random draw the "
+            "derivative cannot replay. Draw the noise alone (torch.randn_like, "
+            "torch.rand_like) and combine it with the inputs, or differentiate eagerly"
+        )
+    raise UnsupportedCondError(
+        f"cannot trace this derivative of a conditional: its branch calls {node.target}, "
+        "and the traced derivative would draw new random numbers instead of the "
+        "forward's. Differentiate with torch.autograd.grad or .backward() inside the "
+        "traced function, or under torch.compile: both replay the forward's draws"
+    )
+
+
+def _read_draw(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """A random op whose value something reads, in ``gm`` or a graph it calls."""
+    for node in gm.graph.nodes:
         if _is_random(node) and node.users:  # an unread draw changes nothing
-            raise UnsupportedCondError(
-                f"cannot trace this derivative of a conditional: its branch calls "
-                f"{node.target}, and the traced derivative would draw new random numbers "
-                "instead of the forward's. Differentiate with torch.autograd.grad or "
-                ".backward() inside the traced function, or under torch.compile: both "
-                "replay the forward's draws"
-            )
+            return node
+        if node.op == "get_attr":
+            sub = getattr_path(gm, node.target)
+            found = _read_draw(sub) if isinstance(sub, torch.fx.GraphModule) else None
+            if found is not None:
+                return found
+    return None
 
 
 def _is_random(node: torch.fx.Node) -> bool:
@@ -93,8 +115,8 @@ def _is_random(node: torch.fx.Node) -> bool:
 
 
 # Random ops whose derivative with respect to their inputs is zero or undefined: their
-# draw, saved, replaces them exactly. (Their tensor inputs give a shape, a probability
-# or an in-place destination, not a value the output varies with smoothly.)
+# draw, saved, replaces them exactly. Others (a reparameterized sample, such as
+# ``_standard_gamma`` under ``Gamma.rsample``) have gradients that read the draw.
 _DRAWS = frozenset(
     {
         "rand",
@@ -108,6 +130,7 @@ _DRAWS = frozenset(
         "bernoulli_",
         "uniform",
         "uniform_",
+        "normal",  # torch.normal(mean, std): autograd gives mean and std zero gradients
         "normal_",
         "normal_functional",
         "exponential",
@@ -128,35 +151,19 @@ _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
 
 
 def _random_values(gm: torch.fx.GraphModule, label: str) -> list[_Slot]:
+    """The draws ``gm`` can replay, its nested conditionals' included. Other random ops
+    (and draws in other operators' graphs) stay: ``refuse_redraws`` meets them."""
     refs: list[_Slot] = []
     for node in gm.graph.nodes:
         if _is_conditional(node):
             refs.extend(_nested_draws(gm, node, label))
             continue
-        if (
-            node.op == "get_attr"
-            and not all(_is_conditional(user) for user in node.users)
-            and _draws_anywhere(getattr_path(gm, node.target))
-        ):
-            raise UnsupportedCondError(
-                f"cannot differentiate a traced conditional whose {label} holds a graph "
-                f"('{node.target}') of another operator that draws random numbers: the "
-                "derivative would draw them again. Draw them outside it and pass them in, "
-                "or differentiate eagerly"
-            )
-        if not _is_random(node):
+        if not (_is_random(node) and _replayable(node)):
             continue
         val = node.meta.get("val")
         if node.target is _NATIVE_DROPOUT:
             refs.append(_Slot(node, 1, val[1]))  # the mask; the output is recomputed from it
             continue
-        if _packet_name(node.target) not in _DRAWS:
-            raise UnsupportedCondError(
-                f"cannot differentiate a traced conditional whose {label} calls "
-                f"{node.target}: its output depends on its inputs through a random draw "
-                "the derivative cannot replay. Draw the noise alone (torch.randn_like, "
-                "torch.rand_like) and combine it with the inputs, or differentiate eagerly"
-            )
         if isinstance(val, torch.Tensor):
             refs.append(_Slot(node, None, val))
         else:
@@ -193,17 +200,11 @@ def _nested_draws(gm, node: torch.fx.Node, label: str) -> list[_Slot]:
     return [_Slot(node, n_out + t, v, inner) for t, v in enumerate(inner.values)]
 
 
-def _packet_name(op) -> str:
-    return str(op).split(".")[1] if str(op).count(".") >= 1 else str(op)
-
-
-def _draws_anywhere(module) -> bool:
-    if not isinstance(module, torch.fx.GraphModule):
-        return False
-    return any(
-        _is_random(n) or (n.op == "get_attr" and _draws_anywhere(getattr_path(module, n.target)))
-        for n in module.graph.nodes
-    )
+def _replayable(node: torch.fx.Node) -> bool:
+    if node.target is _NATIVE_DROPOUT:
+        return True
+    name = str(node.target)
+    return name.count(".") >= 1 and name.split(".")[1] in _DRAWS
 
 
 def _copy(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict, list]:
