@@ -51,11 +51,10 @@ def autograd_rule(form: Form, selector, branches, operands):
             form, selector, drawn.forward, (drawn.replay, drawn.n_draws), *operands
         )
         return out[: len(out) - drawn.n_draws]
-    if all(closure_free(b) for b in branches):
-        # Graphs as given (dynamo's call torch functions) are differentiated as they
-        # are: a custom autograd.Function in them runs its own backward.
-        return Conditional.apply(form, selector, tuple(lifted), (tuple(branches), 0), *operands)
-    return Conditional.apply(form, selector, tuple(lifted), None, *operands)
+    # Graphs as given (dynamo's call torch functions) are differentiated as they are:
+    # a custom autograd.Function in them runs its own backward.
+    derivative = (tuple(branches), 0) if all(closure_free(b) for b in branches) else None
+    return Conditional.apply(form, selector, tuple(lifted), derivative, *operands)
 
 
 def functorch_rule(form: Form, selector, branches, operands):

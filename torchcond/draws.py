@@ -40,8 +40,11 @@ class Draws(NamedTuple):
 
     forward: tuple[torch.fx.GraphModule, ...]
     replay: tuple[torch.fx.GraphModule, ...]
-    n_draws: int
     values: tuple[torch.Tensor, ...]  # each draw's (fake) value
+
+    @property
+    def n_draws(self) -> int:
+        return len(self.values)
 
 
 class _Slot(NamedTuple):
@@ -64,7 +67,6 @@ def saved_for_derivative(branches: Sequence, labels: Sequence[str]) -> Draws | N
     return Draws(
         forward=tuple(_returning_draws(gm, i, slots) for i, gm in enumerate(branches)),
         replay=tuple(_replaying_draws(gm, i, slots) for i, gm in enumerate(branches)),
-        n_draws=len(slots),
         values=tuple(slot.value for _, slot in slots),
     )
 
@@ -226,6 +228,7 @@ def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
         _swap_branches(copy, node, inner.forward)
         node.meta["val"] = (*node.meta["val"], *inner.values)
     returned = set(outputs)
+    sizes = _SizeNodes(graph)  # appended at the end: the graph has no output node yet
     for j, slot in slots:
         if j == i:
             node = _own_value(graph, env, slot)
@@ -235,7 +238,7 @@ def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
                 with graph.inserting_after(node):
                     node = _clone(graph, node, slot.value)
         else:
-            node = _zeros_like_in(graph, slot.value)
+            node = _zeros_like_in(graph, sizes, slot.value)
         outputs.append(node)
         returned.add(node)
     graph.output(tuple(outputs))
@@ -250,20 +253,13 @@ def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
     copy, env, outputs = _copy(gm)
     graph = copy.graph
     graph.output(tuple(outputs))
-    last = graph.find_nodes(op="placeholder")
-    anchor = last[-1] if last else None
+    after_inputs = next(n for n in graph.nodes if n.op != "placeholder")
     replaced = []
     nested_inputs: dict[torch.fx.Node, list] = {}
     for k, (j, slot) in enumerate(slots):
-        where = (
-            graph.inserting_after(anchor)
-            if anchor is not None
-            else graph.inserting_before(next(iter(graph.nodes)))
-        )
-        with where:
+        with graph.inserting_before(after_inputs):  # after the operands, in slot order
             placeholder = graph.placeholder(f"draw_{k}")
         placeholder.meta["val"] = slot.value
-        anchor = placeholder
         if j == i and slot.inner is not None:
             nested_inputs.setdefault(slot.node, []).append(placeholder)
         elif j == i:
@@ -394,9 +390,8 @@ def _call(graph, target, args, val, kwargs=None) -> torch.fx.Node:
     return node
 
 
-def _zeros_like_in(graph: torch.fx.Graph, value: torch.Tensor) -> torch.fx.Node:
+def _zeros_like_in(graph: torch.fx.Graph, sizes: _SizeNodes, value: torch.Tensor) -> torch.fx.Node:
     """Zeros shaped like another branch's draw, with sizes from this graph's inputs."""
-    sizes = _SizeNodes(graph)  # appended at the end: the graph has no output node yet
     size = [sizes.node_for(s) for s in value.shape]
     with _compat.disable_proxy_modes_tracing():
         val = value.new_zeros(value.shape)
