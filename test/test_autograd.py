@@ -554,27 +554,150 @@ def test_a_no_grad_block_stays_constant_in_the_traced_second_derivative():
         assert_grads_equal(gm(leaf(x)), second(leaf(x)))
 
 
-CUSTOM_BACKWARD_REFUSED = r"custom torch.autograd.Function's forward.*torch.compile"
+class TimesThree(torch.autograd.Function):
+    """Rounds forward; its backward (times three) is nothing like round's derivative."""
+
+    @staticmethod
+    def forward(x):
+        return x.round()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+    @staticmethod
+    def jvp(ctx, t):
+        return t * 3
 
 
-@pytest.mark.parametrize("mode", ["fake", "symbolic"])
-def test_a_traced_gradient_through_a_custom_function_is_refused_not_wrong(mode):
-    # Its backward is not in the traced graph; re-differentiating its forward ops
-    # (round: zero) would silently replace it. Eagerly and under torch.compile the
-    # Function's own backward runs (test_autograd_properties).
-    with pytest.raises(torchcond.UnsupportedCondError, match=CUSTOM_BACKWARD_REFUSED):
-        make_fx(grad_of_cond(rounded_times_three), tracing_mode=mode)(leaf(POS))
+class Square(torch.autograd.Function):
+    """``x * x`` whose backward reads its saved input: a second derivative goes through it."""
+
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
 
 
-def test_aot_function_through_a_custom_function_is_refused_not_wrong():
+def assert_traced_matches_eager(fn, *args, modes=("real", "fake", "symbolic")):
+    """``fn`` traced in each mode gives what it gives eagerly, on the same arguments."""
+
+    def fresh():
+        return [leaf(a) if a.is_floating_point() else a for a in args]
+
+    want = fn(*fresh())
+    for mode in modes:
+        got = make_fx(fn, tracing_mode=mode)(*fresh())(*fresh())
+        assert_grads_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+def test_a_traced_gradient_runs_a_custom_functions_own_backward(mode):
+    # The Function's backward is in no graph; re-differentiating its forward ops
+    # (round: zero) would silently replace it. The derivative is traced from the
+    # user's branch instead, where autograd runs the Function's backward.
+    gm = make_fx(grad_of_cond(rounded_times_three), tracing_mode=mode)(leaf(POS))
+    for x in (POS, NEG):
+        assert_grads_equal(gm(leaf(x)), grad_of_if(rounded_times_three)(leaf(x)))
+    assert_grads_equal(gm(leaf(POS)), (torch.full_like(POS, 3.0),))
+
+
+def test_aot_function_runs_a_custom_functions_own_backward():
     from functorch.compile import aot_function, make_boxed_func
 
     def f(x):
         return cond(x.sum() > 0, rounded_times_three, lambda a: a.sin(), (x,))
 
     compiled = aot_function(f, fw_compiler=lambda gm, _: make_boxed_func(gm))
-    with pytest.raises(torchcond.UnsupportedCondError, match=CUSTOM_BACKWARD_REFUSED):
-        compiled(leaf(POS)).sum().backward()
+    for x in (POS, NEG):
+        xa, xb = leaf(x), leaf(x)
+        want = grads(rounded_times_three(xb).sum() if x.sum() > 0 else xb.sin().sum(), [xb])
+        assert_grads_equal(grads(compiled(xa).sum(), [xa]), want)
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_custom_function_over_closed_over_parameters_gets_their_gradients(taken):
+    def f(x, w, p):
+        out = cond(
+            p,
+            lambda a: TimesThree.apply(a * w) + TimesThree.apply(w),
+            lambda a: a * w,
+            (x,),
+        )
+        return torch.autograd.grad(out.sum(), (x, w))
+
+    assert_traced_matches_eager(f, POS, NEG, torch.tensor(taken))
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_custom_function_traces_to_the_second_derivative(taken):
+    def second(branch):
+        def f(x, p):
+            out = cond(p, branch, lambda a: a.sin(), (x,))
+            (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+            return g, torch.autograd.grad(g.sum(), x)[0]
+
+        return f
+
+    p = torch.tensor(taken)
+    assert_traced_matches_eager(second(Square.apply), POS, p)
+    # d/dx of round(x) * g (from the product rule) runs TimesThree's backward again.
+    assert_traced_matches_eager(second(lambda a: TimesThree.apply(a) * a), POS, p)
+
+
+def test_a_custom_function_in_a_nested_conditional_and_a_switch():
+    def nested(x, p):
+        inner = lambda a: cond(a.sum() > 1, lambda b: TimesThree.apply(b) * 2, torch.cos, (a,))  # noqa: E731
+        out = cond(p, inner, torch.sin, (x,))
+        return torch.autograd.grad(out.sum(), x)
+
+    def switched(x, i):
+        out = switch(i, [torch.sin, lambda a: TimesThree.apply(a) * 2, Square.apply], (x,))
+        return torch.autograd.grad(out.sum(), x)
+
+    for p in (True, False):
+        assert_traced_matches_eager(nested, POS, torch.tensor(p))
+    for i in range(3):
+        assert_traced_matches_eager(switched, POS, torch.tensor(i))
+
+
+def test_a_custom_function_in_forward_mode():
+    import torch.autograd.forward_ad as fwAD
+
+    def f(x, t, p):
+        with fwAD.dual_level():
+            out = cond(p, lambda a: TimesThree.apply(a) * 2, torch.sin, (fwAD.make_dual(x, t),))
+            return (fwAD.unpack_dual(out).tangent,)
+
+    for p in (True, False):
+        assert_traced_matches_eager(f, POS, torch.ones(3, dtype=torch.float64), torch.tensor(p))
+
+
+def test_a_no_grad_block_and_a_detach_beside_a_custom_function_to_the_second_derivative():
+    def branch(a):
+        with torch.no_grad():
+            s = a.sum()
+        return TimesThree.apply(a) * s + a.detach() * a + a**3
+
+    def f(x, p):
+        out = cond(p, branch, torch.sin, (x,))
+        (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return g, torch.autograd.grad(g.sum(), x)[0]
+
+    for p in (True, False):
+        assert_traced_matches_eager(f, POS, torch.tensor(p))
 
 
 def test_a_custom_function_traces_where_nothing_differentiates_through_it():

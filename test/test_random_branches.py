@@ -211,6 +211,32 @@ def test_a_draw_the_derivative_cannot_replay_is_refused_not_wrong():
         )
 
 
+class Rounded(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return x.round()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+def test_a_custom_function_beside_a_draw_is_refused_not_wrong():
+    # The derivative replays the draw from the branch's graph, which has the
+    # Function's forward ops but not its backward.
+    with pytest.raises(
+        torchcond.UnsupportedCondError, match=r"custom torch.autograd.Function.*draws"
+    ):
+        make_fx(
+            lambda p, x: loss_and_grad(p, lambda a: dropout(Rounded.apply(a)), torch.sin, x),
+            tracing_mode="fake",
+        )(torch.tensor(True), leaf())
+
+
 def test_a_draw_no_derivative_reads_is_not_refused():
     # The forward alone reads the sample; only a derivative would read it again.
     x = leaf()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -32,7 +33,13 @@ from .batching import map_conditional
 from .closures import closure_free
 from .errors import UnsupportedCondError
 from .forms import Form, readable_on_host
-from .tracing import GRAD_DISABLED, OWN_BACKWARD, conditional_forward, materialize_graph
+from .tracing import (
+    GRAD_DISABLED,
+    OWN_BACKWARD,
+    conditional_forward,
+    materialize_graph,
+    runs_custom_forward,
+)
 
 # --- the Autograd-key rule -----------------------------------------------------------
 
@@ -42,6 +49,7 @@ def autograd_rule(form: Form, selector, branches, operands):
         return form.call_below_autograd(selector, branches, operands)
     if readable_on_host(selector):
         return form.taken_branch(selector, branches)(*operands)
+    n = len(operands)
     lifted, operands = closures.lift(form, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
         return form.call_below_autograd(selector, lifted, operands)
@@ -51,10 +59,33 @@ def autograd_rule(form: Form, selector, branches, operands):
             form, selector, drawn.forward, (drawn.replay, drawn.n_draws), *operands
         )
         return out[: len(out) - drawn.n_draws]
-    # Graphs as given (dynamo's call torch functions) are differentiated as they are:
-    # a custom autograd.Function in them runs its own backward.
-    derivative = (tuple(branches), 0) if all(closure_free(b) for b in branches) else None
+    derivative = _derivative_source(branches, lifted, operands[n:])
     return Conditional.apply(form, selector, tuple(lifted), derivative, *operands)
+
+
+class UserCode(NamedTuple):
+    """Derivatives traced anew from the user's branches, not from their graphs.
+
+    The branches read ``closures`` (the values closure lifting appended to the
+    operands) themselves, so derivatives with respect to those operands are taken
+    with respect to the closures.
+    """
+
+    branches: tuple
+    closures: tuple
+
+
+def _derivative_source(branches, lifted, closed_over: tuple):
+    """What derivatives differentiate when not the forward graphs ``lifted``."""
+    if all(closure_free(b) for b in branches):
+        # Graphs as given (dynamo's call torch functions) are differentiated as they
+        # are: a custom autograd.Function in them runs its own backward.
+        return (tuple(branches), 0)
+    if any(isinstance(g, torch.fx.GraphModule) and runs_custom_forward(g) for g in lifted):
+        # A custom autograd.Function ran in a traced branch. Its backward is in no
+        # graph, but it runs when the user's branch is differentiated.
+        return UserCode(tuple(branches), closed_over)
+    return None
 
 
 def functorch_rule(form: Form, selector, branches, operands):
@@ -80,11 +111,12 @@ def _differentiable(t: torch.Tensor) -> bool:
 class Conditional(torch.autograd.Function):
     """``op(selector, *branches, operands)`` with derivatives that are conditionals.
 
-    ``derivative`` is None (derivatives differentiate ``branches``), or
+    ``derivative`` is None (derivatives differentiate ``branches``),
     ``(graphs, n_draws)``: derivatives differentiate ``graphs``, the same functions
     as ``branches``. With ``n_draws``, ``branches`` also return their random draws
     (the last outputs) and ``graphs`` take them after the operands, so derivatives
-    replay the forward's draws (draws.py).
+    replay the forward's draws (draws.py). Or a ``UserCode``: inside a make_fx
+    session, derivatives are traced from the user's branches.
     """
 
     @staticmethod
@@ -96,7 +128,9 @@ class Conditional(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         form, selector, branches, derivative, *operands = inputs
         ctx.form, ctx.n_operands = form, len(operands)
-        ctx.branches, ctx.n_draws = (branches, 0) if derivative is None else derivative
+        ctx.user_code = derivative if isinstance(derivative, UserCode) else None
+        plain = derivative is None or ctx.user_code is not None
+        ctx.branches, ctx.n_draws = (branches, 0) if plain else derivative
         ctx.set_materialize_grads(False)
         n_out = len(output) - ctx.n_draws
         ctx.differentiable = [_differentiable(t) and j < n_out for j, t in enumerate(output)]
@@ -116,9 +150,15 @@ class Conditional(torch.autograd.Function):
         grads: list = [None] * ctx.n_operands
         if need and present:
             given = [cotangents[j] for j in present]
-            graphs, used = vjp_graphs(ctx.branches, primals, need, present, given)
-            args = (*primals, *given)
-            out = ctx.form.op(selector, *graphs, tuple(args[k] for k in used))
+            tracer = _compat.active_fx_tracer()
+            if ctx.user_code is not None and tracer is not None:
+                user, n = ctx.user_code, len(primals) - len(ctx.user_code.closures)
+                fns = [_vjp_of(b, n, need, present, user.closures) for b in user.branches]
+                out = _retraced(ctx.form, tracer, selector, fns, (*primals[:n], *given))
+            else:
+                graphs, used = vjp_graphs(ctx.branches, primals, need, present, given)
+                args = tuple((*primals, *given)[k] for k in used)
+                out = ctx.form.op(selector, *graphs, args)
             for i, g in zip(need, out):
                 grads[i] = g
         return (None, None, None, None, *grads)
@@ -146,8 +186,14 @@ class Conditional(torch.autograd.Function):
         if not have:
             return tuple(None for _ in ctx.differentiable)
         given = [tangents[i] for i in have]
-        graphs = jvp_graphs(ctx.branches, primals, have, given)
-        out = ctx.form.op(selector, *graphs, (*primals, *given))
+        tracer = _compat.active_fx_tracer()
+        if ctx.user_code is not None and tracer is not None:
+            user, n = ctx.user_code, len(primals) - len(ctx.user_code.closures)
+            fns = [_jvp_of(b, n, have, user.closures) for b in user.branches]
+            out = _retraced(ctx.form, tracer, selector, fns, (*primals[:n], *given))
+        else:
+            graphs = jvp_graphs(ctx.branches, primals, have, given)
+            out = ctx.form.op(selector, *graphs, (*primals, *given))
         out = (*out, *(None,) * ctx.n_draws)
         return tuple(t if d else None for t, d in zip(out, ctx.differentiable))
 
@@ -197,14 +243,21 @@ def jvp_graphs(branches, primals, have, tangents):
     return _cache(branches, key, build)
 
 
-def _vjp_of(branch: Callable, n: int, need: Sequence[int], present: Sequence[int]):
+def _vjp_of(
+    branch: Callable,
+    n: int,
+    need: Sequence[int],
+    present: Sequence[int],
+    closed_over: Sequence[torch.Tensor] = (),
+):
+    """``(*primals[:n], *cotangents) -> gradients of the inputs in need``; an input past
+    the first ``n`` is a closure of ``branch``, in ``closed_over``."""
+
     def vjp(*args):
-        primals, cotangents = list(args[:n]), args[n:]
-        for i in need:
-            primals[i].requires_grad_(True)
+        primals, wrt = _leaves(args[:n], need, closed_over)
+        cotangents = args[n:]
         outputs = _run_differentiably(branch, primals)
         pairs = [(outputs[j], g) for j, g in zip(present, cotangents) if outputs[j].requires_grad]
-        wrt = [primals[i] for i in need]
         grads: tuple[torch.Tensor | None, ...]
         if pairs:
             # create_graph: the backward's ops run with grad on, as the code's own
@@ -224,7 +277,9 @@ def _vjp_of(branch: Callable, n: int, need: Sequence[int], present: Sequence[int
     return vjp
 
 
-def _jvp_of(branch: Callable, n: int, have: Sequence[int]):
+def _jvp_of(
+    branch: Callable, n: int, have: Sequence[int], closed_over: Sequence[torch.Tensor] = ()
+):
     """Forward mode through reverse mode (the "double vjp"): ``J t = d/du <J^T u, t>``.
 
     Tracing forward-mode AD itself would nest inside a caller's forward-AD level,
@@ -232,9 +287,8 @@ def _jvp_of(branch: Callable, n: int, have: Sequence[int]):
     """
 
     def jvp(*args):
-        primals, tangents = list(args[:n]), args[n:]
-        for i in have:
-            primals[i].requires_grad_(True)
+        primals, wrt = _leaves(args[:n], have, closed_over)
+        tangents = args[n:]
         outputs = _run_differentiably(branch, primals)
         varied = [j for j, o in enumerate(outputs) if o.requires_grad]
         result = [torch.zeros_like(o) for o in outputs]
@@ -243,7 +297,7 @@ def _jvp_of(branch: Callable, n: int, have: Sequence[int]):
         dummies = [torch.zeros_like(outputs[j], requires_grad=True) for j in varied]
         vjps = torch.autograd.grad(
             [outputs[j] for j in varied],
-            [primals[i] for i in have],
+            wrt,
             dummies,
             allow_unused=True,
             create_graph=True,
@@ -259,6 +313,38 @@ def _jvp_of(branch: Callable, n: int, have: Sequence[int]):
         return tuple(result)
 
     return jvp
+
+
+def _leaves(primals, which: Sequence[int], closed_over: Sequence[torch.Tensor]):
+    """The primals, those in ``which`` as new leaves that require grad, and what to
+    differentiate with respect to: those leaves, or for a position past the primals,
+    the closure the branch reads itself."""
+    primals = list(primals)
+    n = len(primals)
+    for i in which:
+        # One that requires grad is a leaf made here, or a value of the caller's
+        # trace differentiated as it is: a detach would cut a higher derivative off.
+        if i < n and not primals[i].requires_grad:
+            primals[i] = primals[i].detach().requires_grad_(True)
+    return primals, [primals[i] if i < n else closed_over[i - n] for i in which]
+
+
+def _retraced(form: Form, tracer, selector, fns, args):
+    """The conditional over derivative functions of the user's branches, traced in the
+    current session, called on ``args`` and the closures they read.
+
+    Its own derivatives come from those functions too, as the user's backward code is
+    differentiated when autograd differentiates twice.
+    """
+    with torch.enable_grad():
+        graphs, operands = closures.trace_in_session(tracer, fns, args, form.labels(len(fns)))
+    for gm in graphs:
+        _drop_autograd_detaches(gm)
+        draws.refuse_redraws(gm)
+    if torch.is_grad_enabled() and any(_requires_grad(t) for t in operands):
+        derivative = UserCode(tuple(fns), operands[len(args) :])
+        return Conditional.apply(form, selector, tuple(graphs), derivative, *operands)
+    return form.op(selector, *graphs, operands)
 
 
 def _derivative_graph(fn, args) -> torch.fx.GraphModule:
@@ -297,7 +383,11 @@ class _Differentiated(torch.fx.Interpreter):
 
 def _refuse_own_backward(node, args_kwargs) -> None:
     """A custom Function's forward on inputs that need a gradient: refuse, as its
-    backward is not in the graph and differentiating the forward ops is not it."""
+    backward is not in the graph and differentiating the forward ops is not it.
+
+    Derivatives come from the user's branch, where the backward runs, except when the
+    branch draws random numbers: those derivatives replay the draws in its graph.
+    """
     if not any(_requires_grad(v) for v in pytree.tree_leaves(args_kwargs)):
         return
     trace = (node.meta.get("stack_trace") or "").strip().splitlines()
@@ -305,7 +395,9 @@ def _refuse_own_backward(node, args_kwargs) -> None:
     raise UnsupportedCondError(
         f"cannot differentiate a traced branch through {node.target}{where}: it ran "
         "inside a custom torch.autograd.Function's forward (or inference_mode), whose "
-        "backward a traced branch graph does not keep. Differentiate eagerly or under "
+        "backward is not in the branch's graph, and the branch also draws random "
+        "numbers, so its derivative replays them from that graph. Draw them outside "
+        "the conditional and pass them in, or differentiate eagerly or under "
         "torch.compile, which run the Function's own backward."
     )
 
@@ -313,7 +405,25 @@ def _refuse_own_backward(node, args_kwargs) -> None:
 def _run_differentiably(branch, args):
     if isinstance(branch, torch.fx.GraphModule):
         return tuple(_Differentiated(branch).run(*args))
-    return tuple(branch(*args))
+    with _MarkingStopGradients():
+        return tuple(branch(*args))
+
+
+class _MarkingStopGradients(torch.overrides.TorchFunctionMode):
+    """The user's own ``detach`` calls (autograd's, in C++, are not torch functions)
+    are marked as stop-gradients in the trace."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _DETACH_CALLS and isinstance(out, torch.Tensor):
+            inner = _compat.functional_inner(out)
+            node = _compat.traced_node(out if inner is None else inner)
+            if node is not None:
+                node.meta[_STOP_GRADIENT] = True
+        return out
+
+
+_DETACH_CALLS = (torch.Tensor.detach, torch.detach)
 
 
 def _drop_autograd_detaches(gm: torch.fx.GraphModule) -> None:

@@ -44,23 +44,30 @@ def lift(form: Form, branches, operands: tuple):
             return branches, operands
         bound = [bind(b, found, len(operands)) for b in branches]
         return bound, operands + tuple(found)
-    labels = form.labels(len(branches))
-    mode = _compat.functional_mode()
-    if mode is None and any(_compat.is_cpp_functional(t) for t in operands):
+    if _compat.functional_mode() is None and any(_compat.is_cpp_functional(t) for t in operands):
         # C++ functionalization (torch._to_functional_tensor, as older AOT code uses):
         # the tracer knows only the tensors inside the wrappers, which the
         # Functionalize rule unwraps before the proxy rule traces the branches.
         return branches, operands
+    with _compat.below_autograd():
+        return trace_in_session(tracer, branches, operands, form.labels(len(branches)))
+
+
+def trace_in_session(tracer, fns: Sequence[Callable], operands: tuple, labels: Sequence[str]):
+    """``tracing.trace_branches`` for functions called with autograd's view of the operands.
+
+    Returns the graphs and the operands to call them with, lifted closures last, as
+    autograd sees them. Under functionalization the tracer knows the unwrapped
+    tensors: the functions are traced as the Functionalize rule would trace them, and
+    what was lifted is mapped back to its functional wrapper.
+    """
+    mode = _compat.functional_mode()
     if mode is None:
-        with _compat.below_autograd():
-            return trace_branches(tracer, branches, operands, labels)
-    # Under functionalization the tracer knows the unwrapped tensors: trace the
-    # branches as the Functionalize rule would, then hand autograd the functional
-    # wrappers of what was lifted.
+        return trace_branches(tracer, fns, operands, labels)
     wrappers = FunctionalWrappers()
-    with _compat.below_autograd(), _compat.outside_functional_mode():
+    with _compat.outside_functional_mode():
         functional = [
-            SpecCarrier(_compat.functionalized(_recording(b, wrappers), mode), b) for b in branches
+            SpecCarrier(_compat.functionalized(_recording(f, wrappers), mode), f) for f in fns
         ]
         inner = _compat.unwrap_functional(operands)
         graphs, inner = trace_branches(tracer, functional, inner, labels)

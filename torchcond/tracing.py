@@ -380,6 +380,16 @@ GRAD_DISABLED = "torchcond_grad_disabled"
 OWN_BACKWARD = "torchcond_own_backward"
 
 
+def runs_custom_forward(gm: torch.fx.GraphModule) -> bool:
+    """Some node of ``gm`` or of a graph nested in it is marked ``OWN_BACKWARD``."""
+    return any(
+        node.meta.get(OWN_BACKWARD)
+        for module in gm.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+    )
+
+
 class _GradModeSetByCode(torch.overrides.TorchFunctionMode):
     """Grad mode as the traced code sets it.
 
