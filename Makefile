@@ -7,8 +7,8 @@
 #               docs build (warnings are errors), benchmark smoke runs
 #   make test-long  the hypothesis properties with 20x their examples (nightly)
 #   make wheel-check  sdist -> wheel -> install outside the repo -> import, run the demo
-#   make matrix what CI runs: `test` on torch 2.13.0 and 2.14.1, `unit` and
-#               `bench-smoke` on 2.11.0
+#   make matrix what CI runs: `test` on torch 2.13.0 and 2.15.0, `unit` and
+#               `bench-smoke` on 2.14.1 and 2.11.0
 #   make cuda-check  compile csrc/cuda/select_kernel.cuh with nvcc (skipped without nvcc)
 #   make bench  every CPU benchmark: JSON and PNG plots in benchmarks/results/ (~10 min)
 # Another torch: `make test TORCH=2.14.1` (any release from 2.11 on), or a full pip
@@ -20,8 +20,8 @@ VENV_CACHE ?= $(HOME)/.cache/torchcond/venvs
 VENV ?= $(VENV_CACHE)/torch-$(TORCH)-$(shell $(PYTHON) -c 'import sys; print("py%d.%d" % sys.version_info[:2])')
 PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.torchcond-deps
-MATRIX_FULL ?= 2.13.0 2.14.1
-MATRIX_UNIT ?= 2.11.0
+MATRIX_FULL ?= 2.13.0 2.15.0
+MATRIX_UNIT ?= 2.14.1 2.11.0
 
 .PHONY: install ext demo test lint format unit test-long typecheck docs bench-smoke bench cuda-check wheel-check matrix clean
 

@@ -100,7 +100,7 @@ def _default_cuda_arch_list() -> None:
     torch.utils.cpp_extension derives the architectures from the visible GPUs when
     TORCH_CUDA_ARCH_LIST is unset, and fails (an empty list) on a machine without one.
     torch._C._cuda_getArchFlags() is what torch.cuda.get_arch_list() returns once a
-    GPU is present (checked on torch 2.11, 2.13 and 2.14).
+    GPU is present (checked on torch 2.11, 2.13, 2.14 and 2.15).
     """
     if os.environ.get("TORCH_CUDA_ARCH_LIST") or torch.cuda.device_count() > 0:
         return

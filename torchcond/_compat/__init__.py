@@ -1,8 +1,8 @@
 """Every private torch API torchcond touches, in one place.
 
-Each name below was checked on torch 2.11.0 (the GPU machines), 2.13.0 and 2.14.1 (CI
-runs the suite on all three). Where a name differs between them, a comment says how.
-torch 2.15's development source was read (not run) for every name here: none moved.
+Each name below was checked on torch 2.11.0 (the GPU machines), 2.13.0, 2.14.1 and
+2.15.0 (CI runs the suite on all four). Where a name differs between them, a comment
+says how.
 When torch moves one of them, this module is the only file that changes.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 MIN_TORCH = (2, 11)
-CHECKED_TORCH = ((2, 11), (2, 13), (2, 14))
+CHECKED_TORCH = ((2, 11), (2, 13), (2, 14), (2, 15))
 
 
 def _torch_version() -> tuple[int, int]:
@@ -41,7 +41,7 @@ if TORCH_VERSION > max(CHECKED_TORCH):
 
 # --- operators and dispatch ------------------------------------------------------
 
-import torch.utils._pytree as pytree  # noqa: E402  (no public pytree module on 2.11-2.14)
+import torch.utils._pytree as pytree  # noqa: E402  (no public pytree module on 2.11-2.15)
 from torch._C import DispatchKey  # noqa: E402
 from torch._higher_order_ops.utils import (  # noqa: E402
     _maybe_run_with_interpreter as run_with_interpreter,
@@ -278,7 +278,7 @@ _is_fake = getattr(_fake_tensor, "is_fake_tensor", None) or (lambda t: isinstanc
 
 def is_cpp_functional(value) -> bool:
     """A C++ FunctionalTensorWrapper (``torch._to_functional_tensor``); checked on
-    2.11-2.14."""
+    2.11-2.15."""
     return isinstance(value, torch.Tensor) and torch._is_functional_tensor(value)
 
 
@@ -352,7 +352,7 @@ def fake_mode_of(args):
 
 def trace_as_export_would(fn: Callable, args: tuple) -> torch.fx.GraphModule:
     """``make_fx`` with symbolic shapes; tensors ``fn`` closes over (parameters) are
-    made fake as they are met. ``_allow_non_fake_inputs``: checked on 2.11-2.14."""
+    made fake as they are met. ``_allow_non_fake_inputs``: checked on 2.11-2.15."""
     return _proxy_tensor.make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
 
 
@@ -478,7 +478,7 @@ def transforms_active() -> bool:
     """True while a torch.func transform (grad, jvp, vmap, ...) or a forward-AD level is active.
 
     One C call and one attribute read: the select fast path asks it once per call
-    instead of inspecting every tensor. Checked on 2.11, 2.13 and 2.14
+    instead of inspecting every tensor. Checked on 2.11, 2.13, 2.14 and 2.15
     (``peek_interpreter_stack`` exists since 2.0, ``forward_ad._current_level`` since 1.9).
     """
     return _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0

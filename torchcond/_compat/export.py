@@ -6,9 +6,8 @@ names into the subgraphs of torch's own higher-order operators, chosen by name. 
 wrap that pass so our operators' branch graphs get the same treatment: a branch then
 reads ``x``, ``p_lin_weight`` instead of ``arg0_1``, ``arg0_2``.
 
-Checked on torch 2.11.0, 2.13.0 and 2.14.1; torch 2.15's development source (read,
-not run) has the same pass, bound by the same modules. If the pass moves, nothing is renamed (the
-graphs stay correct, only less readable).
+Checked on torch 2.11.0, 2.13.0, 2.14.1 and 2.15.0. If the pass moves, nothing is
+renamed (the graphs stay correct, only less readable).
 """
 
 from __future__ import annotations

@@ -7,23 +7,23 @@ but the wrapper's own ``if``.
 
 Two shapes of that IR exist. torch 2.11 and 2.13 have the two-way ``ir.Conditional``;
 torch 2.14 replaced it with the N-way ``ir.Switch`` (``if i == 0: ... elif i == 1: ...
-else: ...``, with ``torch.cond`` as the two-branch case), which torch 2.15's
-development source (read, not run) keeps. With ``ir.Switch``, ``torchcond_switch`` lowers to one
-node over the clamped index. With ``ir.Conditional`` it has no N-way counterpart, so it
-lowers to a chain of them: ``switch(i, b0, b1, ..., bn)`` is ``b0 if i <= 0 else
-switch(i - 1, b1, ..., bn)``, the inner switch living in a small synthesized subgraph
-that takes the index as an extra input (and lowers through this same rule). That
-keeps the clamping semantics (a negative index takes ``b0``, a too-large one the last
-branch) without a clamp. A tensor index that is not on the CPU is copied to the host
-once at the top, so the chain costs one device sync, as a cond does.
+else: ...``, with ``torch.cond`` as the two-branch case), which torch 2.15 keeps. With
+``ir.Switch``, ``torchcond_switch`` lowers to one node over the clamped index. With
+``ir.Conditional`` it has no N-way counterpart, so it lowers to a chain of them:
+``switch(i, b0, b1, ..., bn)`` is ``b0 if i <= 0 else switch(i - 1, b1, ..., bn)``,
+the inner switch living in a small synthesized subgraph that takes the index as an
+extra input (and lowers through this same rule). That keeps the clamping semantics (a
+negative index takes ``b0``, a too-large one the last branch) without a clamp. A
+tensor index that is not on the CPU is copied to the host once at the top, so the
+chain costs one device sync, as a cond does.
 
 Also here: Inductor's fake-tensor updater learns which arguments our branches take
 (otherwise it warns once per compile and re-propagates them without inputs).
 
-Checked on torch 2.11.0, 2.13.0 (``ir.Conditional``) and 2.14.1 (``ir.Switch``): both
-``create``s read the operands' fake values from ``V.graph.current_node.args[-1]``, which
-is why the chain's links are created under a stand-in node whose last argument lists
-the extra input.
+Checked on torch 2.11.0, 2.13.0 (``ir.Conditional``), 2.14.1 and 2.15.0
+(``ir.Switch``): both ``create``s read the operands' fake values from
+``V.graph.current_node.args[-1]``, which is why the chain's links are created under a
+stand-in node whose last argument lists the extra input.
 """
 
 from __future__ import annotations
