@@ -1,4 +1,5 @@
-"""Shared test utilities: graph text normalisation and version pinning."""
+"""Shared test utilities: graph text normalisation, version pinning, and a custom
+autograd.Function whose backward is distinguishable from its forward's derivative."""
 
 import os
 import re
@@ -37,3 +38,23 @@ def count_nodes(gm: torch.fx.GraphModule, name: str) -> int:
         for n in gm.graph.nodes
         if n.op == "call_function" and getattr(n.target, "__name__", None) == name
     )
+
+
+class TimesThree(torch.autograd.Function):
+    """Rounds forward; its backward (times three) is nothing like round's derivative."""
+
+    @staticmethod
+    def forward(x):
+        return x.round()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+    @staticmethod
+    def jvp(ctx, t):
+        return t * 3

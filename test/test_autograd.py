@@ -3,7 +3,7 @@
 import expecttest
 import pytest
 import torch
-from helpers import count_nodes, readable
+from helpers import TimesThree, count_nodes, readable
 from torch.autograd import gradcheck, gradgradcheck
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -487,24 +487,9 @@ def scaled_by_a_constant_sum(a):
     return a * s + a**2
 
 
-class StraightThrough(torch.autograd.Function):
-    """Rounds forward, passes the gradient through unchanged (quantization-aware training)."""
-
-    @staticmethod
-    def forward(x):
-        return x.round()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-def rounded_times_three(a):
-    return StraightThrough.apply(a) * 3
+def rounded(a):
+    """``round(a)`` with gradient 3 (TimesThree's backward), not round's zero."""
+    return TimesThree.apply(a)
 
 
 def grad_of_cond(branch):
@@ -554,26 +539,6 @@ def test_a_no_grad_block_stays_constant_in_the_traced_second_derivative():
         assert_grads_equal(gm(leaf(x)), second(leaf(x)))
 
 
-class TimesThree(torch.autograd.Function):
-    """Rounds forward; its backward (times three) is nothing like round's derivative."""
-
-    @staticmethod
-    def forward(x):
-        return x.round()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 3
-
-    @staticmethod
-    def jvp(ctx, t):
-        return t * 3
-
-
 class Square(torch.autograd.Function):
     """``x * x`` whose backward reads its saved input: a second derivative goes through it."""
 
@@ -608,9 +573,9 @@ def test_a_traced_gradient_runs_a_custom_functions_own_backward(mode):
     # The Function's backward is in no graph; re-differentiating its forward ops
     # (round: zero) would silently replace it. The derivative is traced from the
     # user's branch instead, where autograd runs the Function's backward.
-    gm = make_fx(grad_of_cond(rounded_times_three), tracing_mode=mode)(leaf(POS))
+    gm = make_fx(grad_of_cond(rounded), tracing_mode=mode)(leaf(POS))
     for x in (POS, NEG):
-        assert_grads_equal(gm(leaf(x)), grad_of_if(rounded_times_three)(leaf(x)))
+        assert_grads_equal(gm(leaf(x)), grad_of_if(rounded)(leaf(x)))
     assert_grads_equal(gm(leaf(POS)), (torch.full_like(POS, 3.0),))
 
 
@@ -618,12 +583,12 @@ def test_aot_function_runs_a_custom_functions_own_backward():
     from functorch.compile import aot_function, make_boxed_func
 
     def f(x):
-        return cond(x.sum() > 0, rounded_times_three, lambda a: a.sin(), (x,))
+        return cond(x.sum() > 0, rounded, lambda a: a.sin(), (x,))
 
     compiled = aot_function(f, fw_compiler=lambda gm, _: make_boxed_func(gm))
     for x in (POS, NEG):
         xa, xb = leaf(x), leaf(x)
-        want = grads(rounded_times_three(xb).sum() if x.sum() > 0 else xb.sin().sum(), [xb])
+        want = grads(rounded(xb).sum() if x.sum() > 0 else xb.sin().sum(), [xb])
         assert_grads_equal(grads(compiled(xa).sum(), [xa]), want)
 
 
@@ -702,14 +667,14 @@ def test_a_no_grad_block_and_a_detach_beside_a_custom_function_to_the_second_der
 
 def test_a_custom_function_traces_where_nothing_differentiates_through_it():
     def f(x, y):
-        out = cond(x.sum() > 0, lambda a, b: rounded_times_three(a) + b, lambda a, b: a - b, (x, y))
+        out = cond(x.sum() > 0, lambda a, b: rounded(a) + b, lambda a, b: a - b, (x, y))
         return out, torch.autograd.grad(out.sum(), y)  # only y needs a gradient
 
     gm = make_fx(f, tracing_mode="fake")(POS, leaf(NEG))
     for x in (POS, NEG):
         assert_grads_equal(gm(x, leaf(NEG)), f(x, leaf(NEG)))
-    inference = make_fx(lambda x: cond(x.sum() > 0, rounded_times_three, torch.sin, (x,)))(POS)
-    torch.testing.assert_close(inference(POS), rounded_times_three(POS))
+    inference = make_fx(lambda x: cond(x.sum() > 0, rounded, torch.sin, (x,)))(POS)
+    torch.testing.assert_close(inference(POS), rounded(POS))
 
 
 def test_a_nested_conditional_traces_to_the_second_derivative():

@@ -10,6 +10,7 @@ autograd, which draws once.
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import TimesThree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchcond
@@ -211,20 +212,6 @@ def test_a_draw_the_derivative_cannot_replay_is_refused_not_wrong():
         )
 
 
-class Rounded(torch.autograd.Function):
-    @staticmethod
-    def forward(x):
-        return x.round()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 3
-
-
 def test_a_custom_function_beside_a_draw_is_refused_not_wrong():
     # The derivative replays the draw from the branch's graph, which has the
     # Function's forward ops but not its backward.
@@ -232,7 +219,7 @@ def test_a_custom_function_beside_a_draw_is_refused_not_wrong():
         torchcond.UnsupportedCondError, match=r"custom torch.autograd.Function.*draws"
     ):
         make_fx(
-            lambda p, x: loss_and_grad(p, lambda a: dropout(Rounded.apply(a)), torch.sin, x),
+            lambda p, x: loss_and_grad(p, lambda a: dropout(TimesThree.apply(a)), torch.sin, x),
             tracing_mode="fake",
         )(torch.tensor(True), leaf())
 

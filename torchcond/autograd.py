@@ -150,12 +150,10 @@ class Conditional(torch.autograd.Function):
         grads: list = [None] * ctx.n_operands
         if need and present:
             given = [cotangents[j] for j in present]
-            tracer = _compat.active_fx_tracer()
-            if ctx.user_code is not None and tracer is not None:
-                user, n = ctx.user_code, len(primals) - len(ctx.user_code.closures)
-                fns = [_vjp_of(b, n, need, present, user.closures) for b in user.branches]
-                out = _retraced(ctx.form, tracer, selector, fns, (*primals[:n], *given))
-            else:
+            out = _from_user_code(
+                ctx, selector, primals, given, lambda b, n, c: _vjp_of(b, n, need, present, c)
+            )
+            if out is None:
                 graphs, used = vjp_graphs(ctx.branches, primals, need, present, given)
                 args = tuple((*primals, *given)[k] for k in used)
                 out = ctx.form.op(selector, *graphs, args)
@@ -186,12 +184,8 @@ class Conditional(torch.autograd.Function):
         if not have:
             return tuple(None for _ in ctx.differentiable)
         given = [tangents[i] for i in have]
-        tracer = _compat.active_fx_tracer()
-        if ctx.user_code is not None and tracer is not None:
-            user, n = ctx.user_code, len(primals) - len(ctx.user_code.closures)
-            fns = [_jvp_of(b, n, have, user.closures) for b in user.branches]
-            out = _retraced(ctx.form, tracer, selector, fns, (*primals[:n], *given))
-        else:
+        out = _from_user_code(ctx, selector, primals, given, lambda b, n, c: _jvp_of(b, n, have, c))
+        if out is None:
             graphs = jvp_graphs(ctx.branches, primals, have, given)
             out = ctx.form.op(selector, *graphs, (*primals, *given))
         out = (*out, *(None,) * ctx.n_draws)
@@ -329,6 +323,18 @@ def _leaves(primals, which: Sequence[int], closed_over: Sequence[torch.Tensor]):
     return primals, [primals[i] if i < n else closed_over[i - n] for i in which]
 
 
+def _from_user_code(ctx, selector, primals, given, derivative_of):
+    """The derivative conditional traced from the user's branches (``ctx.user_code``),
+    or None where derivatives come from graphs: no ``UserCode``, or no make_fx session
+    to trace in. ``derivative_of(branch, n, closures)`` is ``_vjp_of`` or ``_jvp_of``."""
+    tracer = _compat.active_fx_tracer()
+    if ctx.user_code is None or tracer is None:
+        return None
+    n = len(primals) - len(ctx.user_code.closures)
+    fns = [derivative_of(b, n, ctx.user_code.closures) for b in ctx.user_code.branches]
+    return _retraced(ctx.form, tracer, selector, fns, (*primals[:n], *given))
+
+
 def _retraced(form: Form, tracer, selector, fns, args):
     """The conditional over derivative functions of the user's branches, traced in the
     current session, called on ``args`` and the closures they read.
@@ -386,7 +392,8 @@ def _refuse_own_backward(node, args_kwargs) -> None:
     backward is not in the graph and differentiating the forward ops is not it.
 
     Derivatives come from the user's branch, where the backward runs, except when the
-    branch draws random numbers: those derivatives replay the draws in its graph.
+    branch draws random numbers (those derivatives replay the draws in its graph) or
+    when the derivative is taken outside the trace the forward was recorded in.
     """
     if not any(_requires_grad(v) for v in pytree.tree_leaves(args_kwargs)):
         return
@@ -395,10 +402,11 @@ def _refuse_own_backward(node, args_kwargs) -> None:
     raise UnsupportedCondError(
         f"cannot differentiate a traced branch through {node.target}{where}: it ran "
         "inside a custom torch.autograd.Function's forward (or inference_mode), whose "
-        "backward is not in the branch's graph, and the branch also draws random "
-        "numbers, so its derivative replays them from that graph. Draw them outside "
-        "the conditional and pass them in, or differentiate eagerly or under "
-        "torch.compile, which run the Function's own backward."
+        "backward is not in the branch's graph, and this derivative is taken from that "
+        "graph: the branch also draws random numbers, which the derivative replays from "
+        "it, or the derivative is taken outside the make_fx trace that recorded the "
+        "forward. Draw them outside the conditional and pass them in, or differentiate "
+        "eagerly or under torch.compile, which run the Function's own backward."
     )
 
 

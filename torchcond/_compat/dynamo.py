@@ -11,8 +11,9 @@ Dynamo's own ``CondHigherOrderVariable`` is not reused: it emits torch's cond, w
 fake rule and errors differ from ours.
 
 Checked on torch 2.11.0, 2.13.0, 2.14.1 and 2.15.0 (identical internals for
-everything used here). A proposed split of ``higher_order_ops.py`` into a package keeps the registry among the
-globals of ``TorchHigherOrderOperatorVariable.make``, which is where it is read.
+everything used here). A proposed split of ``higher_order_ops.py`` into a package
+keeps the registry among the globals of ``TorchHigherOrderOperatorVariable.make``,
+which is where it is read.
 Importing dynamo costs most of a second, so nothing here runs until dynamo itself is
 imported (see ``install``).
 """
