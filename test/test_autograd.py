@@ -691,3 +691,62 @@ def test_a_nested_conditional_traces_to_the_second_derivative():
     gm = make_fx(second, tracing_mode="fake")(leaf(POS))
     for x in (POS, NEG, POS * 0.01):
         assert_grads_equal(gm(leaf(x)), second(leaf(x)))
+
+
+class _SubTraces:
+    """Counts make_fx sub-traces of branches and derivative graphs."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in ("trace_inner", "make_fx_keeping_detach"):
+            original = getattr(torchcond._compat, name)
+
+            def counted(*args, _original=original, **kwargs):
+                self.count += 1
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(torchcond._compat, name, counted)
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_a_traced_gradient_traces_each_branch_and_each_vjp_once(monkeypatch, mode):
+    w = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+
+    def grad(x, w):
+        out = cond(x.sum() > 0, lambda a: (a @ w).sin(), lambda a: (a * w).cos(), (x,))
+        return torch.autograd.grad(out.sum(), (x, w))
+
+    traces = _SubTraces(monkeypatch)
+    gm = make_fx(grad, tracing_mode=mode)(leaf(POS.expand(3, 3).clone()), w)
+    assert traces.count == 4  # two forward branches, two vjp graphs; nothing traced again
+    for x in (POS.expand(3, 3).clone(), NEG.expand(3, 3).clone()):
+        assert_grads_equal(gm(x, w), grad(leaf(x), w))
+
+
+def test_aot_autograd_traces_each_branch_and_each_vjp_once(monkeypatch):
+    from functorch.compile import aot_function, nop
+
+    def f(x, w):
+        return cond(x.sum() > 0, lambda a: a.sin() * w, lambda a: a.cos() + w, (x,))
+
+    traces = _SubTraces(monkeypatch)
+    for x in (POS, NEG):
+        got_x, got_w = leaf(x), leaf(POS)
+        aot_function(f, nop, nop)(got_x, got_w).sum().backward()
+        want_x, want_w = leaf(x), leaf(POS)
+        f(want_x, want_w).sum().backward()
+        torch.testing.assert_close((got_x.grad, got_w.grad), (want_x.grad, want_w.grad))
+    # Per compile: two functionalized forward branches, two vjp graphs.
+    assert traces.count == 8
+
+
+def test_second_derivative_traces_each_derivative_graph_once(monkeypatch):
+    def second(x):
+        (gx,) = torch.autograd.grad(with_cond(x).sum(), (x,), create_graph=True)
+        return torch.autograd.grad(gx.sum(), (x,))[0]
+
+    traces = _SubTraces(monkeypatch)
+    gm = make_fx(second, tracing_mode="fake")(leaf(POS))
+    assert traces.count == 6  # forward, vjp and vjp of the vjp, two branches each
+    for x in (POS, NEG):
+        torch.testing.assert_close(gm(x), second(leaf(x)))

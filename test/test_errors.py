@@ -425,3 +425,30 @@ def test_under_dynamo_an_untraceable_branch_is_named_with_the_operator():
             match=f"(?s){branch}Data-dependent branching.*Higher Order Operator: {op}",
         ):
             torch.compile(fn, backend="eager", fullgraph=True)(x)
+
+
+def test_compiled_mismatch_names_the_output_path():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: (x, {"h": x}), lambda x: (x, {"h": x.long()}), (x,))
+
+    with pytest.raises(
+        Exception,
+        match=re.escape(
+            "output[1]['h']: branches must agree on dtype; true_fn gives torch.float32, "
+            "false_fn gives torch.int64"
+        ),
+    ):
+        torch.compile(f, fullgraph=True, backend="eager")(x)
+
+
+def test_an_inner_conditional_names_its_own_output_paths():
+    def inner(a):
+        return cond(a.sum() > 1, lambda a: {"k": a}, lambda a: {"k": a.long()}, (a,))
+
+    def f(x):
+        return cond(x.sum() > 0, lambda x: [inner(x)], lambda x: [inner(x * 2)], (x,))
+
+    with pytest.raises(
+        BranchMismatchError, match=re.escape("output['k']: branches must agree on dtype")
+    ):
+        trace(f, x)

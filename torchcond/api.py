@@ -18,8 +18,8 @@ from ._compat import pytree
 from .errors import CondArgumentError
 from .forms import clamp_index, host_index, python_scalar, readable_on_host, switch_branch_of
 from .ops import cond_op, form_of, switch_op
+from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat
 from .strategies import Strategy
-from .tracing import FlatBranch, raise_if_arity_error, recorded_spec
 
 # A branch's return type is the conditional's: the branches must agree on it.
 _Out = TypeVar("_Out")
@@ -341,20 +341,9 @@ def _run_taken(fn, label: str, operands):
 
 def _call_operator(op, selector, labelled_branches, operands):
     """``op(selector, *branches, operands)`` on flat operands; the user's pytree rebuilt."""
-    return _on_flat(
+    return run_flat(
         labelled_branches, operands, lambda branches, flat, labels: op(selector, *branches, flat)
     )
-
-
-def _on_flat(labelled_branches, operands, run):
-    """``run(flat_branches, flat_operands, labels)``, with the user's output pytree rebuilt."""
-    flat_operands, in_spec = pytree.tree_flatten(operands)
-    flat_branches = [FlatBranch(fn, in_spec, label) for fn, label in labelled_branches]
-    labels = [label for _, label in labelled_branches]
-    flat_out = run(flat_branches, tuple(flat_operands), labels)
-    spec = recorded_spec(flat_branches)
-    assert spec is not None, "run() returned without calling a branch"
-    return pytree.tree_unflatten(list(flat_out), spec)
 
 
 def _select_path(op, selector, labelled_branches, operands, strategy):
@@ -369,7 +358,7 @@ def _select_path(op, selector, labelled_branches, operands, strategy):
         # Nothing reads the node: AOTAutograd (aot_eager, inductor) drops it; only
         # the eager backend runs it, a Python `if` that gives the same values.
         op(selector, *(fn for fn, _ in labelled_branches), operands)
-    return _on_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
+    return run_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
 
 
 def _warn_if_exporting(fn_name: str, arg: str, value, instead: str) -> None:
@@ -495,10 +484,4 @@ def _check_operands(operands) -> None:
             "argument 'operands' must be a tuple or list of pytrees of tensors; "
             f"found {type(operands).__name__}"
         )
-    leaves, _ = pytree.tree_flatten_with_path(operands)
-    for path, leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            raise CondArgumentError(
-                "argument 'operands': every leaf must be a torch.Tensor; "
-                f"operands{pytree.keystr(path)} is {type(leaf).__name__} ({leaf!r})"
-            )
+    check_operand_leaves(operands)

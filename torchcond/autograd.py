@@ -38,7 +38,10 @@ from .tracing import (
     OWN_BACKWARD,
     conditional_forward,
     materialize_graph,
+    plain,
+    renamed_copy,
     runs_custom_forward,
+    session_graphs,
 )
 
 # --- the Autograd-key rule -----------------------------------------------------------
@@ -53,13 +56,14 @@ def autograd_rule(form: Form, selector, branches, operands):
     lifted, operands = closures.lift(form, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
         return form.call_below_autograd(selector, lifted, operands)
-    drawn = draws.saved_for_derivative(lifted, form.labels(len(lifted)))
+    graphs = [plain(b) for b in lifted]
+    drawn = draws.saved_for_derivative(graphs, form.labels(len(lifted)))
     if drawn is not None:
         out = Conditional.apply(
             form, selector, drawn.forward, (drawn.replay, drawn.n_draws), *operands
         )
         return out[: len(out) - drawn.n_draws]
-    derivative = _derivative_source(branches, lifted, operands[n:])
+    derivative = _derivative_source(branches, graphs, operands[n:])
     return Conditional.apply(form, selector, tuple(lifted), derivative, *operands)
 
 
@@ -80,7 +84,7 @@ def _derivative_source(branches, lifted, closed_over: tuple):
     if all(closure_free(b) for b in branches):
         # Graphs as given (dynamo's call torch functions) are differentiated as they
         # are: a custom autograd.Function in them runs its own backward.
-        return (tuple(branches), 0)
+        return (tuple(plain(b) for b in branches), 0)
     if any(isinstance(g, torch.fx.GraphModule) and runs_custom_forward(g) for g in lifted):
         # A custom autograd.Function ran in a traced branch. Its backward is in no
         # graph, but it runs when the user's branch is differentiated.
@@ -129,8 +133,8 @@ class Conditional(torch.autograd.Function):
         form, selector, branches, derivative, *operands = inputs
         ctx.form, ctx.n_operands = form, len(operands)
         ctx.user_code = derivative if isinstance(derivative, UserCode) else None
-        plain = derivative is None or ctx.user_code is not None
-        ctx.branches, ctx.n_draws = (branches, 0) if plain else derivative
+        own = derivative is None or ctx.user_code is not None
+        ctx.branches, ctx.n_draws = ([plain(b) for b in branches], 0) if own else derivative
         ctx.set_materialize_grads(False)
         n_out = len(output) - ctx.n_draws
         ctx.differentiable = [_differentiable(t) and j < n_out for j, t in enumerate(output)]
@@ -154,9 +158,9 @@ class Conditional(torch.autograd.Function):
                 ctx, selector, primals, given, lambda b, n, c: _vjp_of(b, n, need, present, c)
             )
             if out is None:
-                graphs, used = vjp_graphs(ctx.branches, primals, need, present, given)
+                (graphs, used), built_in = vjp_graphs(ctx.branches, primals, need, present, given)
                 args = tuple((*primals, *given)[k] for k in used)
-                out = ctx.form.op(selector, *graphs, args)
+                out = ctx.form.op(selector, *_recordable(ctx.form, graphs, built_in), args)
             for i, g in zip(need, out):
                 grads[i] = g
         return (None, None, None, None, *grads)
@@ -186,8 +190,10 @@ class Conditional(torch.autograd.Function):
         given = [tangents[i] for i in have]
         out = _from_user_code(ctx, selector, primals, given, lambda b, n, c: _jvp_of(b, n, have, c))
         if out is None:
-            graphs = jvp_graphs(ctx.branches, primals, have, given)
-            out = ctx.form.op(selector, *graphs, (*primals, *given))
+            graphs, built_in = jvp_graphs(ctx.branches, primals, have, given)
+            out = ctx.form.op(
+                selector, *_recordable(ctx.form, graphs, built_in), (*primals, *given)
+            )
         out = (*out, *(None,) * ctx.n_draws)
         return tuple(t if d else None for t, d in zip(out, ctx.differentiable))
 
@@ -343,14 +349,15 @@ def _retraced(form: Form, tracer, selector, fns, args):
     differentiated when autograd differentiates twice.
     """
     with torch.enable_grad():
-        graphs, operands = closures.trace_in_session(tracer, fns, args, form.labels(len(fns)))
-    for gm in graphs:
+        traced = closures.trace_in_session(tracer, fns, args, form.labels(len(fns)))
+    for gm in traced.graphs:
         _drop_autograd_detaches(gm)
         draws.refuse_redraws(gm)
+    operands = traced.operands
     if torch.is_grad_enabled() and any(_requires_grad(t) for t in operands):
         derivative = UserCode(tuple(fns), operands[len(args) :])
-        return Conditional.apply(form, selector, tuple(graphs), derivative, *operands)
-    return form.op(selector, *graphs, operands)
+        return Conditional.apply(form, selector, tuple(traced.branches), derivative, *operands)
+    return form.op(selector, *traced.branches, operands)
 
 
 def _derivative_graph(fn, args) -> torch.fx.GraphModule:
@@ -358,6 +365,21 @@ def _derivative_graph(fn, args) -> torch.fx.GraphModule:
     _drop_autograd_detaches(gm)
     draws.refuse_redraws(gm)
     return gm
+
+
+def _recordable(form: Form, graphs, built_in) -> list:
+    """Derivative graphs to hand to the operator.
+
+    Built as subgraphs of the make_fx session now tracing (``built_in``), they go as
+    ``SessionGraph``s, recorded without another trace (a renamed copy each, so every
+    node has its own module); otherwise as they are, for the proxy rule to trace.
+    """
+    tracer = _compat.active_fx_tracer()
+    if tracer is None or built_in is not tracer:
+        return list(graphs)
+    copies = [renamed_copy(gm) for gm in graphs]
+    n_operands = len(copies[0].graph.find_nodes(op="placeholder"))
+    return session_graphs(copies, form.labels(len(copies)), n_operands, tracer, functional=False)
 
 
 # A branch's own ``detach`` is a stop-gradient and stays. Autograd adds ``detach``
@@ -476,13 +498,21 @@ def _cache(branches, key, build):
     """Derivative graphs of closure-free forward graphs are built once per key.
 
     Keyed weakly on the first branch graph; the entry holds the others, so their
-    ids in the key stay theirs for the entry's lifetime.
+    ids in the key stay theirs for the entry's lifetime. Returns what ``build``
+    returned and the make_fx tracer whose subgraphs it built (None outside a
+    session); an entry built in another session is built again.
     """
+    tracer = _compat.active_fx_tracer() if _compat.in_make_fx_session() else None
     if not all(closure_free(b) for b in branches):
-        return build()
+        return build(), tracer
     per_graph = _CACHE.setdefault(branches[0], {})
     full_key = (key, tuple(id(b) for b in branches[1:]))
     hit = per_graph.get(full_key)
-    if hit is None:
-        hit = per_graph[full_key] = (build(), tuple(branches[1:]))
-    return hit[0]
+    if hit is None or (tracer is not None and hit[2]() is not tracer):
+        # The tracer only weakly: it holds the forward graphs, which key the cache.
+        hit = per_graph[full_key] = (build(), tuple(branches[1:]), _weak(tracer))
+    return hit[0], hit[2]()
+
+
+def _weak(value):
+    return weakref.ref(value) if value is not None else lambda: None

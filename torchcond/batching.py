@@ -18,7 +18,6 @@ import torch
 from . import _compat
 from .forms import Form
 from .strategies import run_all_and_select, run_every_branch, select_outputs
-from .tracing import SpecCarrier
 
 
 def vmap_rule(form: Form, interpreter, selector, branches, operands):
@@ -81,8 +80,7 @@ def _unbatch_all(operands, level):
 def vmapped_branches(branches: Sequence[Callable], in_dims: Sequence, randomness: str):
     """Each branch under ``torch.vmap``, batch dimension first on every output."""
     return [
-        SpecCarrier(torch.vmap(b, in_dims=tuple(in_dims), out_dims=0, randomness=randomness), b)
-        for b in branches
+        torch.vmap(b, in_dims=tuple(in_dims), out_dims=0, randomness=randomness) for b in branches
     ]
 
 

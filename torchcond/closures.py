@@ -21,22 +21,22 @@ from . import _compat
 from ._compat import pytree
 from .forms import Form
 from .subgraph import getattr_path
-from .tracing import SpecCarrier, trace_branches
+from .tracing import SessionGraph, Traced, plain, trace_branches
 
 
 def lift(form: Form, branches, operands: tuple):
     """Make every value a branch reads an explicit operand, so autograd sees it.
 
-    A branch that closes over a parameter needs the parameter's gradient, but the
-    Autograd key sees only the operands. Inside a make_fx session the branches are
-    traced now, with closures lifted (as the proxy rule would), and the graphs are
-    handed on; the proxy rule then records them without tracing again. Closure-free
-    graphs of aten ops are handed on as they are. Without a
-    tracer (fake or meta tensors alone) closures are found by running the branches
-    once and bound as extra inputs (below).
+    Returns the branches to hand to the operator and its operands. A branch that
+    closes over a parameter needs the parameter's gradient, but the Autograd key sees
+    only the operands. Inside a make_fx session the branches are traced now, with
+    closures lifted, and handed on as ``SessionGraph``s, which the rules below record
+    without tracing again. Closure-free graphs of aten ops are handed on as they are.
+    Without a tracer (fake or meta tensors alone) closures are found by running the
+    branches once and bound as extra inputs (below).
     """
     tracer = _compat.active_fx_tracer()
-    if all(closure_free(b) and (tracer is None or _aten_level(b)) for b in branches):
+    if all(closure_free(b) and (tracer is None or _aten_level(plain(b))) for b in branches):
         return branches, operands
     if tracer is None:
         found = grad_closures(branches, operands)
@@ -50,29 +50,30 @@ def lift(form: Form, branches, operands: tuple):
         # Functionalize rule unwraps before the proxy rule traces the branches.
         return branches, operands
     with _compat.below_autograd():
-        return trace_in_session(tracer, branches, operands, form.labels(len(branches)))
+        traced = trace_in_session(tracer, branches, operands, form.labels(len(branches)))
+    return traced.branches, traced.operands
 
 
-def trace_in_session(tracer, fns: Sequence[Callable], operands: tuple, labels: Sequence[str]):
+def trace_in_session(
+    tracer, fns: Sequence[Callable], operands: tuple, labels: Sequence[str]
+) -> Traced:
     """``tracing.trace_branches`` for functions called with autograd's view of the operands.
 
-    Returns the graphs and the operands to call them with, lifted closures last, as
-    autograd sees them. Under functionalization the tracer knows the unwrapped
-    tensors: the functions are traced as the Functionalize rule would trace them, and
-    what was lifted is mapped back to its functional wrapper.
+    The operands it returns are as autograd sees them, lifted closures last. Under
+    functionalization the tracer knows the unwrapped tensors: the functions are
+    traced as the Functionalize rule would trace them (which then passes the graphs
+    on), and what was lifted is mapped back to its functional wrapper.
     """
     mode = _compat.functional_mode()
     if mode is None:
         return trace_branches(tracer, fns, operands, labels)
     wrappers = FunctionalWrappers()
     with _compat.outside_functional_mode():
-        functional = [
-            SpecCarrier(_compat.functionalized(_recording(f, wrappers), mode), f) for f in fns
-        ]
+        functional = [_compat.functionalized(_recording(f, wrappers), mode) for f in fns]
         inner = _compat.unwrap_functional(operands)
-        graphs, inner = trace_branches(tracer, functional, inner, labels)
-    lifted = tuple(wrappers.outer(v) for v in inner[len(operands) :])
-    return graphs, operands + lifted
+        traced = trace_branches(tracer, functional, inner, labels, functional=True)
+    lifted = tuple(wrappers.outer(v) for v in traced.operands[len(operands) :])
+    return traced._replace(operands=operands + lifted)
 
 
 def _aten_level(gm: torch.fx.GraphModule) -> bool:
@@ -103,6 +104,8 @@ def _recording(branch, mode):
 
 def closure_free(branch) -> bool:
     """A GraphModule that reads nothing but its placeholders (and nested branch graphs)."""
+    if isinstance(branch, SessionGraph):
+        return True
     if not isinstance(branch, torch.fx.GraphModule):
         return False
     for node in branch.graph.find_nodes(op="get_attr"):
@@ -159,7 +162,7 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
         with _Substitute({id(c): v for c, v in zip(closures, values)}):
             return branch(*args[:n_operands])
 
-    return SpecCarrier(bound, branch)
+    return bound
 
 
 class FunctionalWrappers(torch.overrides.TorchFunctionMode):

@@ -242,8 +242,6 @@ def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
         outputs.append(node)
         returned.add(node)
     graph.output(tuple(outputs))
-    # Branch outputs now outnumber the leaves of the user's output structure.
-    copy.meta["torchcond_out_spec"] = None
     graph.lint()
     copy.recompile()
     return copy

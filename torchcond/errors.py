@@ -6,6 +6,12 @@ found. Exceptions raised by the user's own branches are never wrapped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal
+
+# How a flat position is written when nobody names it from the user's pytree.
+_FLAT_NAMES = {"output": "output[{}]", "operand": "operands (flattened)[{}]"}
+
 
 class CondError(Exception):
     """Base of every error torchcond raises about its arguments or branches.
@@ -22,6 +28,34 @@ class CondError(Exception):
         ...     print(type(error).__name__, isinstance(error, TypeError))
         CondArgumentError True
     """
+
+    def __init__(
+        self, message: str = "", *, path: tuple[Literal["output", "operand"], int] | None = None
+    ):
+        # ``path``: the message is about one flat output or operand, written ``{path}``
+        # in it. The rules that raise see flat tuples; the boundary that flattened the
+        # user's pytrees names the position (``named``).
+        self.template = message
+        self.path = path
+        if path is not None:
+            message = message.replace("{path}", _FLAT_NAMES[path[0]].format(path[1]))
+        super().__init__(message)
+
+    @classmethod
+    def at(cls, kind: Literal["output", "operand"], index: int, message: str):
+        """An error about flat ``kind`` number ``index``; ``message`` says ``{path}`` for it."""
+        return cls(message, path=(kind, index))
+
+    def named(self, outputs: Sequence[str], operands: Sequence[str]):
+        """This error with its flat position named from the user's pytrees, or itself
+        when it names none (or was already named by an inner conditional)."""
+        if self.path is None:
+            return self
+        kind, index = self.path
+        names = outputs if kind == "output" else operands
+        if index >= len(names):
+            return self
+        return type(self)(self.template.replace("{path}", names[index]))
 
 
 class CondArgumentError(CondError, TypeError):

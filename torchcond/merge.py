@@ -20,41 +20,52 @@ _MATCHING_ATTRIBUTES = ("dtype", "device", "layout", "ndim", "is_quantized", "is
 def merge_branch_outputs(
     branch_outputs: Sequence[tuple[torch.Tensor, ...]],
     labels: Sequence[str],
-    paths: Sequence[str],
     shape_env=None,
 ) -> tuple[torch.Tensor, ...]:
     """Return fresh empty tensors describing every branch's outputs at once."""
+    check_agreement(branch_outputs, labels)
+    return tuple(
+        _merge_leaf(j, leaves, labels, shape_env) for j, leaves in enumerate(zip(*branch_outputs))
+    )
+
+
+def check_agreement(
+    branch_outputs: Sequence[Sequence[torch.Tensor]], labels: Sequence[str]
+) -> None:
+    """Raise unless the branches' flat outputs agree on all but their sizes."""
     counts = {len(outs) for outs in branch_outputs}
     if len(counts) != 1:
         found = ", ".join(f"{lab} returns {len(o)}" for lab, o in zip(labels, branch_outputs))
         raise BranchMismatchError(f"branches must return the same number of tensors: {found}")
-    return tuple(
-        _merge_leaf(leaves, labels, path, shape_env)
-        for leaves, path in zip(zip(*branch_outputs), paths)
+    for j, leaves in enumerate(zip(*branch_outputs)):
+        for attr in _MATCHING_ATTRIBUTES:
+            values = [getattr(t, attr) for t in leaves]
+            if any(v != values[0] for v in values[1:]):
+                raise _mismatch(j, "", attr, labels, values)
+        first = leaves[0]
+        if first.is_quantized or first.is_sparse:
+            raise BranchMismatchError.at(
+                "output",
+                j,
+                f"{{path}}: quantized and sparse outputs are not supported; found {first.layout}",
+            )
+
+
+def _mismatch(j: int, where: str, what: str, labels, values) -> BranchMismatchError:
+    found = ", ".join(f"{lab} gives {v}" for lab, v in zip(labels, values))
+    return BranchMismatchError.at(
+        "output", j, f"{{path}}{where}: branches must agree on {what}; {found}"
     )
 
 
-def _mismatch(path: str, what: str, labels, values) -> BranchMismatchError:
-    found = ", ".join(f"{lab} gives {v}" for lab, v in zip(labels, values))
-    return BranchMismatchError(f"{path}: branches must agree on {what}; {found}")
-
-
-def _merge_leaf(leaves, labels, path: str, shape_env) -> torch.Tensor:
-    for attr in _MATCHING_ATTRIBUTES:
-        values = [getattr(t, attr) for t in leaves]
-        if any(v != values[0] for v in values[1:]):
-            raise _mismatch(path, attr, labels, values)
+def _merge_leaf(j: int, leaves, labels, shape_env) -> torch.Tensor:
     first = leaves[0]
-    if first.is_quantized or first.is_sparse:
-        raise BranchMismatchError(
-            f"{path}: quantized and sparse outputs are not supported; found {first.layout}"
-        )
-    sizes, sizes_agree = _merge_sizes(leaves, labels, path, shape_env)
+    sizes, sizes_agree = _merge_sizes(j, leaves, labels, shape_env)
     strides = _merge_strides(leaves, sizes, sizes_agree)
     return torch.empty_strided(sizes, strides, dtype=first.dtype, device=first.device)
 
 
-def _merge_sizes(leaves, labels, path, shape_env) -> tuple[list, bool]:
+def _merge_sizes(j: int, leaves, labels, shape_env) -> tuple[list, bool]:
     merged = []
     agree = True
     for dim, per_branch in enumerate(zip(*(t.shape for t in leaves))):
@@ -63,7 +74,8 @@ def _merge_sizes(leaves, labels, path, shape_env) -> tuple[list, bool]:
             continue
         if shape_env is None:
             raise _mismatch(
-                f"{path} dim {dim}",
+                j,
+                f" dim {dim}",
                 "sizes when tracing without symbolic shapes (use symbolic tracing or "
                 "torch.export to let sizes differ)",
                 labels,

@@ -23,7 +23,7 @@ from ._compat import export as _compat_export
 from ._compat import inductor as _compat_inductor
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
-from .errors import CondArgumentError
+from .errors import CondArgumentError, CondError
 from .forms import (
     Form,
     clamp_index,
@@ -34,10 +34,11 @@ from .forms import (
     switch_branch_of,
     unpack,
 )
-from .merge import merge_branch_outputs
+from .merge import check_agreement, merge_branch_outputs
+from .pytrees import leaf_paths
 from .strategies import run_all_and_select
 from .subgraph import output_values
-from .tracing import SpecCarrier, checked_output_paths, trace_branches
+from .tracing import graphs_of, plain, trace_branches
 
 
 class CondOp(_compat.HigherOrderOperator):
@@ -148,8 +149,10 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     """One graph node whose branches are closure-free registered subgraphs."""
     # The make_fx tracer (a PythonKeyTracer: it has .root and .unwrap_proxy).
     tracer: Any = mode.tracer
-    labels = form.labels(len(branches))
-    graphs, operands = trace_branches(tracer, branches, tuple(operands), labels)
+    graphs = graphs_of(branches, tracer)
+    if graphs is None:  # not traced in this session yet
+        traced = trace_branches(tracer, branches, tuple(operands), form.labels(len(branches)))
+        graphs, operands = traced.graphs, traced.operands
     if _compat.fake_mode_of(operands) is None:
         # Real tensors: the node's value below comes from the taken branch alone, so
         # check here that every branch's traced outputs agree, as the fake rule does.
@@ -168,16 +171,19 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
 
 
 def _functionalize(form: Form, ctx, selector, branches, operands):
-    """Branches run functionalized; a write to an input shows up as a copy_ and is refused."""
+    """Branches run functionalized; a write to an input shows up as a copy_ and is refused.
+
+    Branches the Autograd rule already traced functionalized in this session are
+    passed on as they are, to be recorded without another trace.
+    """
     inner_operands = ctx.unwrap_tensors(operands)
     inner_selector = (
         ctx.unwrap_tensors(selector) if isinstance(selector, torch.Tensor) else selector
     )
+    if graphs_of(branches, _compat.active_fx_tracer(), functional=True) is None:
+        branches = [ctx.functionalize(_compat.run_with_interpreter(plain(b))) for b in branches]
     with ctx.redispatch_to_next():
-        functional = [
-            SpecCarrier(ctx.functionalize(_compat.run_with_interpreter(b)), b) for b in branches
-        ]
-        out = form.op(*pack(inner_selector, functional, inner_operands))
+        out = form.op(*pack(inner_selector, branches, inner_operands))
     return ctx.wrap_tensors(out)
 
 
@@ -211,9 +217,16 @@ def _all_branches_merged(form, branches, operands, shape_env):
 
 
 def _merged(form, branches, outs, shape_env):
-    labels = form.labels(len(branches))
-    paths = checked_output_paths(branches, labels, len(outs[0]))
-    return merge_branch_outputs(outs, labels, paths, shape_env)
+    return merge_branch_outputs(outs, form.labels(len(branches)), shape_env)
+
+
+def _check_named_outputs(branch_outputs, labels, out_spec) -> None:
+    """``merge.check_agreement``, its errors naming the output path in ``out_spec``."""
+    try:
+        check_agreement(branch_outputs, labels)
+    except CondError as error:
+        named = error.named(leaf_paths(out_spec, len(branch_outputs[0])), ())
+        raise named.with_traceback(error.__traceback__) from None
 
 
 def _install(form: Form) -> None:
@@ -251,6 +264,8 @@ def _install(form: Form) -> None:
 for _form in _FORMS.values():
     _install(_form)
 
-_compat_dynamo.install({form.op: (form.taken, form.labels) for form in _FORMS.values()})
+_compat_dynamo.install(
+    {form.op: (form.taken, form.labels) for form in _FORMS.values()}, _check_named_outputs
+)
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
 _compat_inductor.install(cond_op, switch_op)

@@ -32,7 +32,6 @@ import torch
 from . import _compat, select_ops
 from .errors import BranchMismatchError, CondArgumentError
 from .forms import Form, python_scalar
-from .tracing import checked_output_paths, operand_paths
 from .write_guard import refusing_outside_writes
 
 # The accepted values, for type checkers (cond/switch annotate ``strategy`` with it)
@@ -97,16 +96,15 @@ def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, lab
         which = form.branch_of(selector, n)
         first = which == 0
     guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and needs_grad(t)]
-    names = lambda: operand_paths(branches, len(operands))  # noqa: E731  (for messages only)
     outputs = []
     for k, branch in enumerate(branches):
         inputs = operands
         if guarded:
             mask = first if k == 0 else (~first if which is None else which == k)
             inputs = _masked(mask, operands, guarded)
-        with refusing_outside_writes(labels[k], inputs, names):
+        with refusing_outside_writes(labels[k], inputs):
             outputs.append(tuple(branch(*inputs)))
-    _check_selectable(branches, labels, outputs)
+    _check_selectable(labels, outputs)
     return which, first, outputs
 
 
@@ -134,7 +132,7 @@ def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, i
             if k == 0:
                 results = outputs
                 continue
-            _check_selectable([branches[0], branch], [labels[0], labels[k]], [results, outputs])
+            _check_selectable([labels[0], labels[k]], [results, outputs])
             for result, output in zip(results, outputs):
                 result.copy_(output)
     return results
@@ -144,21 +142,27 @@ def any_needs_grad(operands) -> bool:
     return any(needs_grad(t) for t in operands if isinstance(t, torch.Tensor))
 
 
-def _check_selectable(branches, labels, outputs) -> None:
-    paths = checked_output_paths(branches, labels, len(outputs[0]))
+def _check_selectable(labels, outputs) -> None:
     for label, outs in zip(labels[1:], outputs[1:]):
-        for path, first, other in zip(paths, outputs[0], outs):
+        if len(outs) != len(outputs[0]):
+            raise BranchMismatchError(
+                "branches must return the same number of tensors: "
+                f"{labels[0]} returns {len(outputs[0])}, {label} returns {len(outs)}"
+            )
+        for j, (first, other) in enumerate(zip(outputs[0], outs)):
             for what, a, b in (
                 ("shape", tuple(first.shape), tuple(other.shape)),
                 ("dtype", first.dtype, other.dtype),
                 ("device", first.device, other.device),
             ):
                 if a != b:
-                    raise BranchMismatchError(
-                        f"{path}: every branch runs and each element is selected on the "
+                    raise BranchMismatchError.at(
+                        "output",
+                        j,
+                        "{path}: every branch runs and each element is selected on the "
                         "device (strategy='select', or vmap with a per-example "
                         f"selector), so branches must agree on {what}: {labels[0]} "
-                        f"gives {a}, {label} gives {b}"
+                        f"gives {a}, {label} gives {b}",
                     )
 
 

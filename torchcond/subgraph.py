@@ -17,19 +17,32 @@ from .errors import BranchMutationError
 from .merge import same_layout
 
 
-def reject_input_writes(gm: torch.fx.GraphModule, label: str, input_names: Sequence[str]) -> None:
-    """Raise if any op writes (in place, or through ``out=``) into an input or constant."""
+def reject_input_writes(gm: torch.fx.GraphModule, label: str, n_operands: int) -> None:
+    """Raise if any op writes (in place, or through ``out=``) into an input or constant.
+
+    The first ``n_operands`` placeholders are the conditional's operands, named in the
+    message by their flat position; later ones are closures lifted into inputs.
+    """
     roots = _root_storages(gm)
     for node in gm.graph.nodes:
         for written in _written_values(node):
             root = roots.get(_storage(written))
-            if root is not None:
-                raise BranchMutationError(
-                    f"{label} writes in place to {_describe_root(gm, root, input_names)}. "
-                    "A traced branch may mutate its own intermediates, not its inputs: "
-                    "return the new value as an output instead (eager calls run as a "
-                    "Python `if` and allow it; traced ones cannot)"
+            if root is None:
+                continue
+            placeholders = gm.graph.find_nodes(op="placeholder")
+            i = placeholders.index(root) if root in placeholders else None
+            why = (
+                "A traced branch may mutate its own intermediates, not its inputs: "
+                "return the new value as an output instead (eager calls run as a "
+                "Python `if` and allow it; traced ones cannot)"
+            )
+            if i is not None and i < n_operands:
+                raise BranchMutationError.at(
+                    "operand", i, f"{label} writes in place to its input {{path}}. {why}"
                 )
+            raise BranchMutationError(
+                f"{label} writes in place to {_describe_root(root, i)}. {why}"
+            )
 
 
 def copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:
@@ -94,6 +107,11 @@ def _root_storages(gm) -> dict:
     return roots
 
 
+def writes_in_place(gm: torch.fx.GraphModule) -> bool:
+    """Some op of ``gm`` (not of a graph nested in it) writes to an argument."""
+    return any(_written_values(node) for node in gm.graph.nodes)
+
+
 def _written_values(node) -> list:
     """Fake values of the arguments ``node``'s schema marks as written (``a!``)."""
     if node.op != "call_function" or not isinstance(node.target, _compat.OpOverload):
@@ -119,15 +137,8 @@ def written_arguments(op, args, kwargs) -> list:
     return written
 
 
-def _describe_root(gm, node, input_names: Sequence[str]) -> str:
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    if node in placeholders:
-        i = placeholders.index(node)
-        if i < len(input_names):
-            return f"its input {input_names[i]}"
-        what = "a tensor it closes over"
-    else:
-        what = "a constant tensor"
+def _describe_root(node, placeholder_index: int | None) -> str:
+    what = "a tensor it closes over" if placeholder_index is not None else "a constant tensor"
     val = node.meta.get("val")
     shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
     return f"{what} (traced as '{node.name}', shape {shape})"

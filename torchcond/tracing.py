@@ -1,185 +1,70 @@
-"""Branches as flat functions, and flat functions as closure-free GraphModules."""
+"""Flat functions as closure-free GraphModules: the one place a branch is traced.
+
+``trace_branches`` traces branches as subgraphs of the current make_fx session,
+lifting what they close over into explicit operands, and returns everything it
+found as a value (``Traced``). ``materialize_graph`` traces the derivative graphs.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
 import os
-import weakref
+import re
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import NamedTuple
 
 import torch
 
 from . import _compat, subgraph
-from ._compat import pytree
-from .errors import BranchMismatchError, CondArgumentError
 
 
-def describe_structure(spec: pytree.TreeSpec) -> str:
-    """A short picture of a pytree's shape, e.g. ``(Tensor, {'h': Tensor})``."""
-    marker = object()
-    tree = pytree.tree_unflatten([marker] * spec.num_leaves, spec)
-    return _render(tree, marker)
+class SessionGraph:
+    """A branch traced, closure-free, as a subgraph of one make_fx session.
 
-
-def _render(tree, marker) -> str:
-    if tree is marker:
-        return "Tensor"
-    if isinstance(tree, dict):
-        items = ", ".join(f"{k!r}: {_render(v, marker)}" for k, v in tree.items())
-        return "{" + items + "}"
-    if isinstance(tree, list):
-        return "[" + ", ".join(_render(v, marker) for v in tree) + "]"
-    if isinstance(tree, tuple):
-        inner = ", ".join(_render(v, marker) for v in tree)
-        return f"({inner},)" if len(tree) == 1 else f"({inner})"
-    return repr(tree)
-
-
-def leaf_paths(spec: pytree.TreeSpec | None, count: int, root: str = "output") -> list[str]:
-    """``output[1]['h']``-style names of a flattened pytree's leaves."""
-    if spec is None:
-        return [f"{root}[{i}]" for i in range(count)]
-    tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
-    with_paths, _ = pytree.tree_flatten_with_path(tree)
-    # A None in the tree is an output that is not there (see _NoOutput), not a leaf.
-    return [root + pytree.keystr(path) for path, leaf in with_paths if leaf is not None]
-
-
-class _NoOutput:
-    """Stands for a ``None`` in a branch's output: part of the structure, not a leaf.
-
-    torch's pytree makes ``None`` a leaf, which a conditional's flat outputs (tensors
-    only) cannot hold. As a node with no children it is checked like any structure
-    and comes back as ``None`` when the output is rebuilt, as in eager mode.
+    ``trace_branches`` returns its graphs as these. Handed to the operator in the same
+    session, the proxy rule records ``graph`` as it is instead of tracing it again
+    (and the Functionalize rule passes it on when it was traced functionalized);
+    anywhere else it is the function its graph computes.
     """
 
+    __slots__ = ("__name__", "functional", "graph", "tracer")
 
-pytree.register_pytree_node(_NoOutput, lambda _: ([], None), lambda _values, _context: None)
-_NO_OUTPUT = _NoOutput()
-
-
-def _none_as_node(out):
-    return pytree.tree_map(lambda leaf: _NO_OUTPUT if leaf is None else leaf, out)
-
-
-class FlatBranch:
-    """A user branch seen with flat tensor operands and a flat tuple of outputs.
-
-    Calling it records the output structure in ``out_spec``, so the caller can
-    rebuild the user's pytree and report mismatches by path.
-    """
-
-    def __init__(self, fn: Callable, in_spec: pytree.TreeSpec, label: str):
-        self.fn = fn
-        self.in_spec = in_spec
-        self.label = label
-        self.out_spec: pytree.TreeSpec | None = None
-        self.__name__ = getattr(fn, "__name__", label)
-
-    def __call__(self, *flat_operands):
-        operands = pytree.tree_unflatten(list(flat_operands), self.in_spec)
-        try:
-            out = self.fn(*operands)
-        except TypeError as error:
-            raise_if_arity_error(error, self.fn, self.label, operands)
-            raise
-        flat, spec = pytree.tree_flatten(_none_as_node(out))
-        check_tensor_leaves(flat, spec, f"{self.label} output")
-        self.out_spec = spec
-        return tuple(flat)
-
-
-class SpecCarrier:
-    """A wrapped branch that still reports the output structure its origin recorded."""
-
-    def __init__(self, fn, origin):
-        self.fn = fn
-        self.origin = origin
-        self.__name__ = getattr(origin, "__name__", "branch")
+    def __init__(self, graph: torch.fx.GraphModule, tracer, functional: bool):
+        self.graph = graph
+        self.tracer = tracer
+        self.functional = functional
+        self.__name__ = "session_graph"
 
     def __call__(self, *args):
-        return self.fn(*args)
-
-    @property
-    def out_spec(self):
-        return branch_specs([self.origin])[0]
+        return self.graph(*args)
 
 
-def raise_if_arity_error(error: TypeError, fn: Callable, label: str, operands) -> None:
-    """Raise a ``CondArgumentError`` naming the branch when ``fn`` cannot take the
-    operands at all; return (and let ``error`` propagate) when the ``TypeError``
-    came from inside the branch."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or C function without one
-        return
-    try:
-        signature.bind(*operands)
-    except TypeError as mismatch:
-        n = len(operands)
-        raise CondArgumentError(
-            f"{label} is called with the {n} operand{'s' if n != 1 else ''} "
-            f"(as {label}(*operands)), but its signature {signature} does not take "
-            f"them: {mismatch}"
-        ) from error
+def graphs_of(branches, tracer, functional: bool | None = None):
+    """The graphs of ``branches`` when every one is a ``SessionGraph`` of ``tracer``
+    (and, if given, traced with functionalization ``functional``); else None."""
+    if not all(isinstance(b, SessionGraph) and b.tracer is tracer for b in branches):
+        return None
+    if functional is not None and any(b.functional is not functional for b in branches):
+        return None
+    return [b.graph for b in branches]
 
 
-def check_tensor_leaves(flat: Sequence, spec: pytree.TreeSpec, what: str) -> None:
-    for path, leaf in zip(leaf_paths(spec, len(flat)), flat):
-        if not isinstance(leaf, torch.Tensor):
-            raise BranchMismatchError(
-                f"{what}: every leaf must be a torch.Tensor; "
-                f"{path} is {type(leaf).__name__} ({leaf!r})"
-            )
+def plain(branch):
+    """A branch as the function it is: a ``SessionGraph``'s graph, anything else as is."""
+    return branch.graph if isinstance(branch, SessionGraph) else branch
 
 
-def branch_specs(branches: Sequence[Callable]) -> list[pytree.TreeSpec | None]:
-    """The output structure each branch recorded, if it is a traced or flat branch."""
-    return [_branch_spec(b) for b in branches]
+class Traced(NamedTuple):
+    """Branches traced into closure-free graphs of one make_fx session."""
 
-
-def _branch_spec(branch) -> pytree.TreeSpec | None:
-    if isinstance(branch, torch.fx.GraphModule):
-        return branch.meta.get("torchcond_out_spec")
-    return getattr(branch, "out_spec", None)
-
-
-def check_same_structure(branches: Sequence[Callable], labels: Sequence[str]) -> None:
-    """Every branch that recorded an output structure recorded the same one."""
-    recorded = [(lab, s) for lab, s in zip(labels, branch_specs(branches)) if s is not None]
-    for label, spec in recorded[1:]:
-        first_label, first = recorded[0]
-        if spec != first:
-            raise BranchMismatchError(
-                "branches must return the same pytree structure: "
-                f"{first_label} returns {describe_structure(first)}, "
-                f"{label} returns {describe_structure(spec)}"
-            )
-
-
-def recorded_spec(branches: Sequence[Callable]) -> pytree.TreeSpec | None:
-    """The output structure the first branch that recorded one recorded."""
-    return next((s for s in branch_specs(branches) if s is not None), None)
-
-
-def checked_output_paths(
-    branches: Sequence[Callable], labels: Sequence[str], count: int
-) -> list[str]:
-    """Names of the ``count`` flat outputs, once every branch agrees on the structure."""
-    check_same_structure(branches, labels)
-    return leaf_paths(recorded_spec(branches), count)
-
-
-# --- tracing ---------------------------------------------------------------------
-
-
-# graph -> weak reference to the tracer it was traced for. Weak both ways: the tracer
-# reaches the graph (tracer.root holds it as a submodule), so a strong value would keep
-# every traced graph, and its trace, alive for the life of the process.
-_TRACED_FOR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    # One GraphModule per branch, every one taking ``operands``.
+    graphs: list[torch.fx.GraphModule]
+    # The operands given, then every closed-over tensor or SymInt a branch used,
+    # deduplicated, in order of first use (branch by branch).
+    operands: tuple
+    # The branches to hand to the operator in this session: the graphs as SessionGraphs.
+    branches: list[SessionGraph]
 
 
 def _lift_key(value) -> int:
@@ -187,42 +72,86 @@ def _lift_key(value) -> int:
 
 
 def trace_branches(
-    parent_tracer, branches: Sequence[Callable], operands: tuple, labels: Sequence[str]
-) -> tuple[list[torch.fx.GraphModule], tuple]:
+    parent_tracer,
+    branches: Sequence[Callable],
+    operands: tuple,
+    labels: Sequence[str],
+    functional: bool = False,
+) -> Traced:
     """Trace every branch into a GraphModule taking the same flat inputs.
 
-    Returns the graphs and the operands to call them with: the given operands, then
-    every closed-over tensor or SymInt any branch used, deduplicated, in one order.
-    Graphs this function already returned for ``parent_tracer`` (the autograd rule
-    traces before the proxy rule does) come back as they are.
+    The graphs are checked and rewritten by ``session_graphs``. ``functional``: the
+    branches are traced under functionalization (recorded on the SessionGraphs).
     """
-    if all(_traced_for(b) is parent_tracer for b in branches):
-        return [cast(torch.fx.GraphModule, b) for b in branches], tuple(operands)
     traced = [trace_lifting(b, operands, parent_tracer) for b in branches]
-    check_same_structure(branches, labels)
-
     lifted: dict[int, object] = {}
     for _, branch_lifted in traced:
         for value, _node in branch_lifted:
             lifted.setdefault(_lift_key(value), value)
 
-    input_names = operand_paths(branches, len(operands))
-    graphs = []
-    for (gm, branch_lifted), label, spec in zip(traced, labels, branch_specs(branches)):
-        gm.meta["torchcond_out_spec"] = spec
+    graphs = [gm for gm, _ in traced]
+    for gm, branch_lifted in traced:
         _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
-        subgraph.reject_input_writes(gm, label, input_names)
+    return Traced(
+        graphs,
+        tuple(operands) + tuple(lifted.values()),
+        session_graphs(graphs, labels, len(operands), parent_tracer, functional),
+    )
+
+
+def session_graphs(
+    graphs: Sequence[torch.fx.GraphModule],
+    labels: Sequence[str],
+    n_operands: int,
+    tracer,
+    functional: bool,
+) -> list[SessionGraph]:
+    """Graphs just traced in ``tracer``'s session, checked and made fit to record as
+    one conditional: none writes to its inputs, none returns an alias of an input,
+    and where they disagree on an output's strides, each returns it contiguous.
+
+    ``functional``: traced under functionalization. A graph that writes nothing in
+    place is what functionalization would make of it, and counts as functional too.
+    """
+    for gm, label in zip(graphs, labels):
+        subgraph.reject_input_writes(gm, label, n_operands)
         subgraph.copy_aliased_outputs(gm)
-        graphs.append(gm)
     subgraph.align_output_layouts(graphs)
-    for gm in graphs:
-        _TRACED_FOR[gm] = weakref.ref(parent_tracer)
-    return graphs, tuple(operands) + tuple(lifted.values())
+    return [
+        SessionGraph(gm, tracer, functional or not subgraph.writes_in_place(gm)) for gm in graphs
+    ]
 
 
-def _traced_for(branch):
-    ref = _TRACED_FOR.get(branch)
-    return ref() if ref is not None else None
+_COUNTER = re.compile(r"_\d+$")
+
+
+def renamed_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` whose op nodes are named as a fresh trace of it names them.
+
+    Derivative graphs lose nodes (the forward outputs nothing reads) after they are
+    traced; recorded as they are, their names would keep the gaps (``mul_1`` with no
+    ``mul``). The copy also lets one cached graph be recorded at several nodes, each
+    with a module of its own.
+    """
+    graph = torch.fx.Graph()
+    env: dict = {}
+    for node in gm.graph.nodes:
+        args, kwargs = torch.fx.map_arg((node.args, node.kwargs), env.__getitem__)
+        if node.op == "output":
+            graph.output(args[0]).meta = dict(node.meta)
+            continue
+        renamed = node.op in ("call_function", "call_method", "call_module")
+        copy = graph.create_node(
+            node.op,
+            node.target,
+            args,
+            kwargs,
+            name=_COUNTER.sub("", node.name) if renamed else node.name,
+            type_expr=node.type,
+        )
+        copy.meta = dict(node.meta)
+        env[node] = copy
+    return torch.fx.GraphModule(gm, graph, gm.__class__.__name__)
 
 
 def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int) -> None:
@@ -249,20 +178,6 @@ def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int)
         anchor = node
     graph.lint()
     gm.recompile()
-
-
-def operand_paths(branches, n_operands: int) -> list[str]:
-    """``operands[0]['h']``-style names of the flat operands, when the user's pytree is known."""
-    in_spec = getattr(_flat_branch(branches[0]), "in_spec", None)
-    if in_spec is None or in_spec.num_leaves != n_operands:
-        return [f"operands (flattened)[{i}]" for i in range(n_operands)]
-    return leaf_paths(in_spec, n_operands, root="operands")
-
-
-def _flat_branch(branch):
-    while not isinstance(branch, FlatBranch) and getattr(branch, "origin", None) is not None:
-        branch = branch.origin
-    return branch
 
 
 # --- a function traced as a subgraph of the current trace, closures lifted ---------

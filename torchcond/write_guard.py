@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -35,26 +35,20 @@ def _effects(op) -> tuple[bool, bool]:
     return writes, fresh
 
 
-def refusing_outside_writes(
-    label: str, operands: Sequence, operand_names: Callable[[], Sequence[str]]
-):
-    """A context in which ``label``'s branch runs; see the module docstring.
-
-    ``operand_names()`` names the operands, called only to word an error.
-    """
+def refusing_outside_writes(label: str, operands: Sequence):
+    """A context in which ``label``'s branch runs; see the module docstring."""
     if _compat.is_dynamo_compiling():
         return contextlib.nullcontext()
-    return _OutsideWriteGuard(label, operands, operand_names)
+    return _OutsideWriteGuard(label, operands)
 
 
 class _OutsideWriteGuard(_compat.TorchDispatchMode):
     """Raise ``BranchMutationError`` before an op writes to a tensor from outside."""
 
-    def __init__(self, label: str, operands: Sequence, operand_names: Callable[[], Sequence[str]]):
+    def __init__(self, label: str, operands: Sequence):
         super().__init__()
         self.label = label
         self.operands = operands
-        self.operand_names = operand_names
         self.created: set = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -73,22 +67,25 @@ class _OutsideWriteGuard(_compat.TorchDispatchMode):
 
     def _error(self, func, value) -> BranchMutationError:
         target = _storage_id(value)
-        names = [
-            name
-            for t, name in zip(self.operands, self.operand_names())
+        written = [
+            i
+            for i, t in enumerate(self.operands)
             if isinstance(t, torch.Tensor) and _storage_id(t) == target
         ]
         what = (
-            f"its input {names[0]}"
-            if names
+            "its input {path}"
+            if written
             else f"a tensor from outside it (shape {tuple(value.shape)})"
         )
-        return BranchMutationError(
+        message = (
             f"{self.label} writes in place ({func}) to {what}, but every branch runs "
             "here, taken or not (strategy='select', or vmap with a per-example selector), "
             "so the write would happen either way. Return the new value instead "
             "(x + 1 rather than x.add_(1))"
         )
+        if written:
+            return BranchMutationError.at("operand", written[0], message)
+        return BranchMutationError(message)
 
 
 def _storage_id(t: torch.Tensor):

@@ -30,28 +30,33 @@ from .after_import import when_imported
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
 
 
-def install(forms: dict) -> None:
+def install(forms: dict, check_outputs) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
     ``forms`` maps each operator to ``(taken, labels)``: ``taken(constant_selector, n)
     -> branch index``, used when dynamo sees a constant selector and inlines that
     branch, and ``labels(n)``, the branches' names in messages.
+    ``check_outputs(per_branch_outputs, labels, out_spec)`` raises, naming the output
+    path, when the speculated branches' outputs cannot be one operator's outputs.
     """
-    when_imported(_HOP_VARIABLES, lambda module: _register(module, forms))
+    when_imported(_HOP_VARIABLES, lambda module: _register(module, forms, check_outputs))
 
 
-def _register(hop, forms: dict) -> None:
+def _register(hop, forms: dict, check_outputs) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
     for op, (taken, labels) in forms.items():
-        registry[op.name()] = _conditional_variable_class(hop, op.name(), taken, labels)
+        registry[op.name()] = _conditional_variable_class(
+            hop, op.name(), taken, labels, check_outputs
+        )
 
 
-def _conditional_variable_class(hop, op_name: str, taken, labels):
+def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs):
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
     Every branch is speculated into a subgraph; the subgraphs get the union of all
     branches' lifted inputs in one order; the node emitted is our operator, so its
-    example value comes from torchcond's own fake rule (merge.py).
+    example value comes from torchcond's own fake rule (merge.py). The branches'
+    outputs are checked first, where their pytree structure is known.
     """
 
     # Dynamo's package is still being imported when this runs: its names are
@@ -117,11 +122,20 @@ def _conditional_variable_class(hop, op_name: str, taken, labels):
                     refuse(
                         "branches return different pytree structures", (first_spec, spec.treespec)
                     )
+            try:
+                check_outputs(
+                    [_example_outputs(graph) for _, _, graph, _, _ in speculated],
+                    names,
+                    _python_treespec(speculated[0][1]),
+                )
+            except Exception as error:  # as a failing fake-tensor call reports it
+                from torch._dynamo.exc import TorchRuntimeError
+
+                raise TorchRuntimeError(f"{op_name}: {type(error).__name__}: {error}") from error
             shared = self._merge_lifted_inputs(speculated)
             graph_nodes = []
-            for j, (_, spec, graph, _, modules) in enumerate(speculated):
+            for j, (_, _, graph, _, modules) in enumerate(speculated):
                 gm = torch.fx.GraphModule(modules, graph)
-                gm.meta["torchcond_out_spec"] = _python_treespec(spec)
                 graph_nodes.append(
                     hop.make_attr(tx, tx.output.install_subgraph(f"{op_name}_branch_{j}", gm))
                 )
@@ -184,6 +198,12 @@ def _conditional_variable_class(hop, op_name: str, taken, labels):
             return shared
 
     return TorchcondConditionalVariable
+
+
+def _example_outputs(graph) -> list:
+    """The fake values a speculated branch graph returns."""
+    (outputs,) = graph.find_nodes(op="output")[0].args
+    return [node.meta["example_value"] for node in outputs]
 
 
 def _python_treespec(spec):

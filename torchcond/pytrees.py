@@ -1,0 +1,174 @@
+"""The pytree boundary: user branches seen as flat functions, and flat positions named.
+
+The operators see flat tuples of tensors only. ``api.py`` flattens the operands,
+wraps each branch in a ``FlatBranch`` and rebuilds the output from the ``Outputs``
+record those branches fill in as they run. Errors raised below it name flat positions
+(``CondError.at``); this module names them from the user's pytrees.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+
+from ._compat import pytree
+from .errors import BranchMismatchError, CondArgumentError, CondError
+
+
+def describe_structure(spec: pytree.TreeSpec) -> str:
+    """A short picture of a pytree's shape, e.g. ``(Tensor, {'h': Tensor})``."""
+    marker = object()
+    tree = pytree.tree_unflatten([marker] * spec.num_leaves, spec)
+    return _render(tree, marker)
+
+
+def _render(tree, marker) -> str:
+    if tree is marker:
+        return "Tensor"
+    if isinstance(tree, dict):
+        items = ", ".join(f"{k!r}: {_render(v, marker)}" for k, v in tree.items())
+        return "{" + items + "}"
+    if isinstance(tree, list):
+        return "[" + ", ".join(_render(v, marker) for v in tree) + "]"
+    if isinstance(tree, tuple):
+        inner = ", ".join(_render(v, marker) for v in tree)
+        return f"({inner},)" if len(tree) == 1 else f"({inner})"
+    return repr(tree)
+
+
+def leaf_paths(spec: pytree.TreeSpec | None, count: int, root: str = "output") -> list[str]:
+    """``output[1]['h']``-style names of a flattened pytree's leaves."""
+    if spec is None:
+        return [f"{root}[{i}]" for i in range(count)]
+    tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    with_paths, _ = pytree.tree_flatten_with_path(tree)
+    # A None in the tree is an output that is not there (see _NoOutput), not a leaf.
+    return [root + pytree.keystr(path) for path, leaf in with_paths if leaf is not None]
+
+
+class _NoOutput:
+    """Stands for a ``None`` in a branch's output: part of the structure, not a leaf.
+
+    torch's pytree makes ``None`` a leaf, which a conditional's flat outputs (tensors
+    only) cannot hold. As a node with no children it is checked like any structure
+    and comes back as ``None`` when the output is rebuilt, as in eager mode.
+    """
+
+
+pytree.register_pytree_node(_NoOutput, lambda _: ([], None), lambda _values, _context: None)
+_NO_OUTPUT = _NoOutput()
+
+
+def flatten_output(out, what: str) -> tuple[list, pytree.TreeSpec]:
+    """A branch's output as flat tensors and its structure (a ``None`` is no leaf)."""
+    flat, spec = pytree.tree_flatten(
+        pytree.tree_map(lambda leaf: _NO_OUTPUT if leaf is None else leaf, out)
+    )
+    for path, leaf in zip(leaf_paths(spec, len(flat)), flat):
+        if not isinstance(leaf, torch.Tensor):
+            raise BranchMismatchError(
+                f"{what}: every leaf must be a torch.Tensor; "
+                f"{path} is {type(leaf).__name__} ({leaf!r})"
+            )
+    return flat, spec
+
+
+class Outputs:
+    """The output structure of one conditional call, as its branches return it.
+
+    Every ``FlatBranch`` of the call records into the same ``Outputs``, which checks
+    that each branch returns the structure the first one did. The boundary reads
+    ``spec`` to rebuild the user's output once the operator has returned.
+    """
+
+    def __init__(self):
+        self.spec: pytree.TreeSpec | None = None
+        self._first_label = ""
+
+    def record(self, label: str, spec: pytree.TreeSpec) -> None:
+        if self.spec is None:
+            self.spec, self._first_label = spec, label
+        elif spec != self.spec:
+            raise BranchMismatchError(
+                "branches must return the same pytree structure: "
+                f"{self._first_label} returns {describe_structure(self.spec)}, "
+                f"{label} returns {describe_structure(spec)}"
+            )
+
+
+class FlatBranch:
+    """A user branch seen with flat tensor operands and a flat tuple of outputs."""
+
+    def __init__(self, fn: Callable, in_spec: pytree.TreeSpec, label: str, outputs: Outputs):
+        self.fn = fn
+        self.in_spec = in_spec
+        self.label = label
+        self.outputs = outputs
+        self.__name__ = getattr(fn, "__name__", label)
+
+    def __call__(self, *flat_operands):
+        operands = pytree.tree_unflatten(list(flat_operands), self.in_spec)
+        try:
+            out = self.fn(*operands)
+        except TypeError as error:
+            raise_if_arity_error(error, self.fn, self.label, operands)
+            raise
+        flat, spec = flatten_output(out, f"{self.label} output")
+        self.outputs.record(self.label, spec)
+        return tuple(flat)
+
+
+def run_flat(labelled_branches, operands, run: Callable) -> object:
+    """``run(flat_branches, flat_operands, labels)``, with the user's output pytree rebuilt.
+
+    A ``CondError`` raised below about a flat output or operand comes out naming it
+    as the user wrote it (``output[1]['h']``, ``operands[0]['k']``).
+    """
+    flat_operands, in_spec = pytree.tree_flatten(operands)
+    outputs = Outputs()
+    labels = [label for _, label in labelled_branches]
+    branches = [FlatBranch(fn, in_spec, label, outputs) for fn, label in labelled_branches]
+    try:
+        flat_out = run(branches, tuple(flat_operands), labels)
+    except CondError as error:
+        named = error.named(
+            leaf_paths(outputs.spec, 1 + error.path[1] if error.path else 0),
+            leaf_paths(in_spec, in_spec.num_leaves, root="operands"),
+        )
+        if named is error:
+            raise
+        raise named.with_traceback(error.__traceback__) from None
+    assert outputs.spec is not None, "run() returned without calling a branch"
+    return pytree.tree_unflatten(list(flat_out), outputs.spec)
+
+
+def raise_if_arity_error(error: TypeError, fn: Callable, label: str, operands) -> None:
+    """Raise a ``CondArgumentError`` naming the branch when ``fn`` cannot take the
+    operands at all; return (and let ``error`` propagate) when the ``TypeError``
+    came from inside the branch."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function without one
+        return
+    try:
+        signature.bind(*operands)
+    except TypeError as mismatch:
+        n = len(operands)
+        raise CondArgumentError(
+            f"{label} is called with the {n} operand{'s' if n != 1 else ''} "
+            f"(as {label}(*operands)), but its signature {signature} does not take "
+            f"them: {mismatch}"
+        ) from error
+
+
+def check_operand_leaves(operands) -> None:
+    """Every leaf of ``operands`` (a tuple or list of pytrees) is a tensor."""
+    leaves, _ = pytree.tree_flatten_with_path(operands)
+    for path, leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            raise CondArgumentError(
+                "argument 'operands': every leaf must be a torch.Tensor; "
+                f"operands{pytree.keystr(path)} is {type(leaf).__name__} ({leaf!r})"
+            )
