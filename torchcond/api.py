@@ -16,7 +16,14 @@ import torch
 from . import _compat, strategies
 from ._compat import pytree
 from .errors import CondArgumentError
-from .forms import clamp_index, host_index, python_scalar, readable_on_host, switch_branch_of
+from .forms import (
+    INTEGER_DTYPES,
+    Form,
+    normalize_index,
+    normalize_pred,
+    python_scalar,
+    readable_on_host,
+)
 from .ops import cond_op, form_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat
 from .strategies import Strategy
@@ -37,8 +44,7 @@ _capturing = torch.cuda.is_current_stream_capturing
 # every global its trace touched, and reaching ``torch`` through this module as well
 # as through the user's would add an alias guard (a Python lambda) to every call.
 _BOOL = torch.bool
-_SymBool, _SymInt, _SymFloat = torch.SymBool, torch.SymInt, torch.SymFloat
-_sym_min, _sym_max = torch.sym_min, torch.sym_max
+_COND, _SWITCH = form_of(cond_op), form_of(switch_op)
 
 
 def cond(
@@ -144,7 +150,7 @@ def cond(
         try:
             taken = pred.__bool__()
         except RuntimeError:  # several elements, or batched by vmap: explained below
-            return _cond_slow(pred, true_fn, false_fn, operands, strategy, check_branches)
+            return _slow(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)
         try:
             return true_fn(*operands) if taken else false_fn(*operands)
         except TypeError as error:  # free when nothing is raised
@@ -152,7 +158,7 @@ def cond(
                 error, *((true_fn, "true_fn") if taken else (false_fn, "false_fn")), operands
             )
             raise
-    return _cond_slow(pred, true_fn, false_fn, operands, strategy, check_branches)
+    return _slow(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)
 
 
 def switch(
@@ -218,20 +224,20 @@ def switch(
         and _all_callable(branches)
         and _plain_operands(operands)
         and not (_dispatch_modes() or _function_modes())
-        and index.dtype in _INTEGER_DTYPES
+        and index.dtype in INTEGER_DTYPES
         and not (index.is_cuda and _capturing())
     ):
         try:
             i = index.__index__()
         except (RuntimeError, TypeError):  # several elements, meta, batched: explained below
-            return _switch_slow(index, branches, operands, strategy, check_branches)
+            return _slow(_SWITCH, index, branches, operands, strategy, check_branches)
         i = min(max(i, 0), len(branches) - 1)
         try:
             return branches[i](*operands)
         except TypeError as error:
             raise_if_arity_error(error, branches[i], f"branches[{i}]", operands)
             raise
-    return _switch_slow(index, branches, operands, strategy, check_branches)
+    return _slow(_SWITCH, index, branches, operands, strategy, check_branches)
 
 
 # --- the traced path ------------------------------------------------------------------
@@ -242,89 +248,75 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
     predicates (_compat/dynamo.py); it sees a SymBool as a bool, hence a path of its own.
 
     Every global this touches becomes a guard the compiled code checks on each call,
-    so it stays short and reads nothing through a second module (an alias guard is a
-    Python lambda).
+    so it stays short and reads only module-level names (an alias guard, for
+    ``torch`` reached through a second module, is a Python lambda).
     """
     if strategy != "auto":  # "select" (or a bad value): the shared path checks it all
-        return _cond_slow(pred, true_fn, false_fn, operands, strategy)
+        return _slow(_COND, pred, (true_fn, false_fn), operands, strategy)
     _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
     if isinstance(pred, _Tensor):
-        pred = _normalize_pred(pred)
+        pred = normalize_pred(pred)
     return cond_op(pred, true_fn, false_fn, operands)
 
 
 def _switch_under_dynamo(index, branches, operands, strategy):
     """As ``_cond_under_dynamo``; the graph holds the clamped index, as in other modes."""
     if strategy != "auto":
-        return _switch_slow(index, branches, operands, strategy)
+        return _slow(_SWITCH, index, branches, operands, strategy)
     branches = _check_branch_list(branches)
     _check_operands(operands)
-    n = len(branches)
-    if isinstance(index, _Tensor):
-        index = _normalize_index(index, n)
-    else:  # a SymInt (dynamo's isinstance calls it an int) or a Python int
-        index = _sym_min(_sym_max(python_scalar(index), 0), n - 1)
+    # A SymInt is an int to dynamo's isinstance: normalize_index clamps either.
+    index = normalize_index(python_scalar(index), len(branches))
     return switch_op(index, *branches, operands)
 
 
-def _cond_slow(pred, true_fn, false_fn, operands, strategy="auto", check_branches=False):
-    _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
-    _check_operands(operands)
-    labelled = [(true_fn, "true_fn"), (false_fn, "false_fn")]
-    if strategies.chooses_select(strategy, pred):
-        return _select_path(cond_op, _normalize_pred(pred), labelled, operands, strategy)
-    pred = python_scalar(pred)
-    if isinstance(pred, (bool, int, float)):
-        _warn_if_exporting("cond", "pred", pred, "a tensor or a SymBool")
-        return _run_concrete(cond_op, labelled, 0 if pred else 1, operands, check_branches)
-    if isinstance(pred, torch.Tensor):
-        _check_pred_tensor(pred)
-        if readable_on_host(pred):
-            return _run_concrete(cond_op, labelled, 0 if pred else 1, operands, check_branches)
-    pred = _normalize_pred(pred)
-    return _call_operator(cond_op, pred, labelled, operands)
-
-
-def _switch_slow(index, branches, operands, strategy="auto", check_branches=False):
-    branches = _check_branch_list(branches)
+def _slow(form: Form, selector, branches, operands, strategy="auto", check_branches=False):
+    """Every call the eager fast path does not take: checked, then run as ``strategy``,
+    the selector and tracing say."""
+    if form is _SWITCH:
+        branches = _check_branch_list(branches)
+    else:
+        _check_branches(branches, form.labels(2))
     _check_operands(operands)
     n = len(branches)
-    labelled = [(fn, f"branches[{i}]") for i, fn in enumerate(branches)]
-    if strategies.chooses_select(strategy, index):
-        return _select_path(switch_op, _normalize_index(index, n), labelled, operands, strategy)
-    index = python_scalar(index)
-    if isinstance(index, int) and not isinstance(index, bool):
-        _warn_if_exporting("switch", "index", index, "a tensor or a SymInt")
-        return _run_concrete(switch_op, labelled, clamp_index(index, n), operands, check_branches)
-    if isinstance(index, torch.Tensor):
-        _check_index_tensor(index)
-        if readable_on_host(index):
-            taken = clamp_index(host_index(index), n)
-            return _run_concrete(switch_op, labelled, taken, operands, check_branches)
-    index = _normalize_index(index, n)
-    return _call_operator(switch_op, index, labelled, operands)
+    labelled = list(zip(branches, form.labels(n)))
+    if strategies.chooses_select(strategy, selector):
+        return _select_path(form, form.normalize(selector, n), labelled, operands, strategy)
+    selector = python_scalar(selector)
+    if form.is_constant(selector):
+        _warn_if_exporting(form, selector)
+        return _run_concrete(form, labelled, form.taken(selector, n), operands, check_branches)
+    if isinstance(selector, torch.Tensor):
+        form.check_tensor(selector)
+        if readable_on_host(selector):
+            taken = form.taken(selector, n)
+            return _run_concrete(form, labelled, taken, operands, check_branches)
+        selector = form.tensor_selector(selector, n)
+    else:  # symbolic, or a type nobody takes: normalize says so
+        selector = form.normalize(selector, n)
+    return _call_operator(form.op, selector, labelled, operands)
 
 
-def _run_concrete(op, labelled_branches, taken: int, operands, check_branches: bool):
+def _run_concrete(form: Form, labelled_branches, taken: int, operands, check_branches: bool):
     """The taken branch, run as a Python `if` would; with ``check_branches``, every
     branch is first checked on fake tensors as tracing would check it."""
     if check_branches:
-        _check_every_branch(op, labelled_branches, operands)
+        _check_every_branch(form, labelled_branches, operands)
     fn, label = labelled_branches[taken]
     return _run_taken(fn, label, operands)
 
 
-def _check_every_branch(op, labelled_branches, operands) -> None:
+def _check_every_branch(form: Form, labelled_branches, operands) -> None:
     """Trace the conditional as ``torch.export`` would (symbolic shapes, fake tensors),
     so that what it would refuse in any branch raises now; the trace is dropped."""
     flat, spec = pytree.tree_flatten(operands)
     # A selector the trace cannot read, so that every branch is traced.
-    selector = torch.zeros((), dtype=torch.bool if op is cond_op else torch.int64)
+    selector = torch.zeros((), dtype=torch.bool if form is _COND else torch.int64)
 
     def call(selector, *flat):
         return _call_operator(
-            op, selector, labelled_branches, pytree.tree_unflatten(list(flat), spec)
+            form.op, selector, labelled_branches, pytree.tree_unflatten(list(flat), spec)
         )
 
     _compat.trace_as_export_would(call, (selector, *flat))
@@ -346,93 +338,33 @@ def _call_operator(op, selector, labelled_branches, operands):
     )
 
 
-def _select_path(op, selector, labelled_branches, operands, strategy):
+def _select_path(form: Form, selector, labelled_branches, operands, strategy):
     """The branches run as ``strategies.runner`` says, on flat operands."""
     if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
-        selector = torch.scalar_tensor(selector, dtype=torch.bool if op is cond_op else torch.int64)
-    form = form_of(op)
+        dtype = torch.bool if form is _COND else torch.int64
+        selector = torch.scalar_tensor(selector, dtype=dtype)
     if _dynamo_compiling():
         # Dynamo inlines the branches below, where no dispatch mode can refuse a write
         # from a branch that runs untaken. Calling the operator makes dynamo speculate
         # each branch as a subgraph, which refuses writes to anything from outside it.
         # Nothing reads the node: AOTAutograd (aot_eager, inductor) drops it; only
         # the eager backend runs it, a Python `if` that gives the same values.
-        op(selector, *(fn for fn, _ in labelled_branches), operands)
+        form.op(selector, *(fn for fn, _ in labelled_branches), operands)
     return run_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
 
 
-def _warn_if_exporting(fn_name: str, arg: str, value, instead: str) -> None:
+def _warn_if_exporting(form: Form, value) -> None:
     if _compat.is_exporting():
         warnings.warn(
-            f"{fn_name}: argument '{arg}' is the Python constant {value!r}, so only the "
-            f"branch it selects is exported. Pass {instead} to keep every branch in "
-            "the graph.",
+            f"{form.name}: argument '{form.selector_arg}' is the Python constant {value!r}, "
+            f"so only the branch it selects is exported. Pass {form.symbolic_kind} to keep "
+            "every branch in the graph.",
             UserWarning,
             stacklevel=4,
         )
 
 
-def _normalize_pred(pred):
-    """Symbolic and tensor predicates as the operator takes them: SymBool or bool scalar."""
-    if isinstance(pred, _SymBool):
-        return pred
-    if isinstance(pred, (_SymInt, _SymFloat)):
-        return pred != 0
-    if not isinstance(pred, _Tensor):
-        raise CondArgumentError(
-            "cond: argument 'pred' must be a Python bool or number, a SymBool, or a "
-            f"tensor with one element; found {type(pred).__name__} ({pred!r})"
-        )
-    _check_pred_tensor(pred)
-    if pred.dtype is not _BOOL:
-        pred = pred != 0
-    return pred.reshape(()) if pred.dim() else pred
-
-
-def _normalize_index(index, n: int):
-    if isinstance(index, _SymInt):
-        return _sym_min(_sym_max(index, 0), n - 1)
-    if not isinstance(index, _Tensor):
-        raise CondArgumentError(
-            "switch: argument 'index' must be a Python int, a SymInt, or a one-element "
-            f"integer tensor; found {type(index).__name__} ({index!r})"
-        )
-    _check_index_tensor(index)
-    return switch_branch_of(index.reshape(()), n)
-
-
 # --- validation -----------------------------------------------------------------------
-
-
-def _check_pred_tensor(pred: torch.Tensor) -> None:
-    if pred.numel() != 1:
-        raise CondArgumentError(
-            "cond: argument 'pred' must have exactly one element; found a tensor of "
-            f"shape {tuple(pred.shape)} ({pred.numel()} elements)"
-        )
-    if pred.dtype.is_complex:
-        raise CondArgumentError(
-            f"cond: argument 'pred' must have a real or bool dtype; found {pred.dtype}"
-        )
-
-
-_INTEGER_DTYPES = frozenset(
-    getattr(torch, name)
-    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
-)
-
-
-def _check_index_tensor(index: torch.Tensor) -> None:
-    if index.dtype not in _INTEGER_DTYPES:
-        raise CondArgumentError(
-            f"switch: argument 'index' must have an integer dtype; found {index.dtype}"
-            + (" (use cond for a boolean predicate)" if index.dtype is _BOOL else "")
-        )
-    if index.numel() != 1:
-        raise CondArgumentError(
-            "switch: argument 'index' must have exactly one element; found a tensor of "
-            f"shape {tuple(index.shape)}"
-        )
 
 
 def _check_branches(fns, names) -> None:
@@ -458,6 +390,7 @@ def _check_branch_list(branches) -> list:
 
 
 def _all_callable(branches) -> bool:
+    """``all(map(callable, branches))`` without the generator: the fast path's test."""
     for b in branches:
         if not callable(b):
             return False

@@ -1,9 +1,10 @@
-"""What every dispatch rule shares: the two operators' forms and the selector.
+"""cond versus switch, in one place: the two operators' forms and their selectors.
 
 Both operators are one conditional over N branches, called as
-``op(selector, *branches, operands)``. A ``Form`` holds what differs between them:
-how the selector picks a branch, how branches are labelled in messages, and how
-their graphs are named in a traced module.
+``op(selector, *branches, operands)``. A ``Form`` holds everything that differs
+between them: how a selector is checked, normalized (clamped, for switch) and read,
+which branch it takes, how branches are labelled in messages, and how their graphs
+are named in a traced module.
 """
 
 from __future__ import annotations
@@ -13,18 +14,54 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import _compat
+from .errors import CondArgumentError
 
 
 class Form:
-    """What differs between the operators: branch choice, labels, graph names."""
+    """What differs between the operators. ``COND`` and ``SWITCH`` below are the two.
 
-    def __init__(self, op, taken, labels, graph_names, branch_of):
+    The selector in each method is one the user passed (``normalize``), one the
+    operator holds (``taken``, ``branch_of``) or a concrete value read on the host.
+    """
+
+    name: str  # the user's function, in messages
+    selector_arg: str  # its selector argument's name
+    symbolic_kind: str  # what keeps every branch in an exported graph, in a warning
+
+    def __init__(self, op):
         self.op = op
-        # selector tensor -> int64 tensor of the branch each element takes (device side)
-        self.branch_of: Callable[[torch.Tensor, int], torch.Tensor] = branch_of
-        self.taken: Callable[[object, int], int] = taken
-        self.labels: Callable[[int], list[str]] = labels
-        self.graph_names: Callable[[torch.nn.Module, int], list[str]] = graph_names
+
+    def labels(self, n: int) -> list[str]:
+        """The branches' names in messages."""
+        raise NotImplementedError
+
+    def graph_names(self, root: torch.nn.Module, n: int) -> list[str]:
+        """Free attribute names on ``root`` for the branch graphs of one node."""
+        raise NotImplementedError
+
+    def is_constant(self, value) -> bool:
+        """``value`` is a Python constant that picks a branch by itself."""
+        raise NotImplementedError
+
+    def taken(self, selector, n: int) -> int:
+        """The branch a concrete selector (a Python number or a real tensor) takes."""
+        raise NotImplementedError
+
+    def branch_of(self, selector: torch.Tensor, n: int) -> torch.Tensor:
+        """The int64 index of the branch each element of ``selector`` takes, on its device."""
+        raise NotImplementedError
+
+    def check_tensor(self, selector: torch.Tensor) -> None:
+        """Raise ``CondArgumentError`` unless ``selector`` is a valid selector tensor."""
+        raise NotImplementedError
+
+    def tensor_selector(self, selector: torch.Tensor, n: int) -> torch.Tensor:
+        """A checked selector tensor as the operator takes it (0-d; clamped for switch)."""
+        raise NotImplementedError
+
+    def normalize(self, selector, n: int):
+        """A symbolic or tensor selector as the operator takes it, checked."""
+        raise NotImplementedError
 
     def taken_branch(self, selector, branches: Sequence[Callable]) -> Callable:
         return branches[self.taken(selector, len(branches))]
@@ -35,6 +72,160 @@ class Form:
             return self.op(*pack(selector, branches, operands))
 
 
+class _Cond(Form):
+    name, selector_arg, symbolic_kind = "cond", "pred", "a tensor or a SymBool"
+
+    def labels(self, n):
+        return ["true_fn", "false_fn"]
+
+    def graph_names(self, root, n):
+        """``true_graph_i``/``false_graph_i`` with the first ``i`` free for both."""
+        i = 0
+        while hasattr(root, f"true_graph_{i}") or hasattr(root, f"false_graph_{i}"):
+            i += 1
+        return [f"true_graph_{i}", f"false_graph_{i}"]
+
+    def is_constant(self, value):
+        return isinstance(value, (bool, int, float))
+
+    def taken(self, pred, n):
+        return 0 if pred else 1
+
+    def branch_of(self, pred, n):
+        """True takes branch 0 (``true_fn``), false branch 1."""
+        return (pred == 0).to(torch.int64)
+
+    def check_tensor(self, pred):
+        check_pred_tensor(pred)
+
+    def tensor_selector(self, pred, n):
+        return _bool_scalar(pred)
+
+    def normalize(self, pred, n):
+        return normalize_pred(pred)
+
+
+class _Switch(Form):
+    name, selector_arg, symbolic_kind = "switch", "index", "a tensor or a SymInt"
+
+    def labels(self, n):
+        return [f"branches[{i}]" for i in range(n)]
+
+    def graph_names(self, root, n):
+        """``branch_graph_i`` for the first ``n`` free ``i``."""
+        names, i = [], 0
+        for _ in range(n):
+            while hasattr(root, f"branch_graph_{i}"):
+                i += 1
+            names.append(f"branch_graph_{i}")
+            i += 1
+        return names
+
+    def is_constant(self, value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def taken(self, index, n):
+        return clamp_index(host_index(index), n)
+
+    def branch_of(self, index, n):
+        return switch_branch_of(index, n)
+
+    def check_tensor(self, index):
+        check_index_tensor(index)
+
+    def tensor_selector(self, index, n):
+        return switch_branch_of(index.reshape(()), n)
+
+    def normalize(self, index, n):
+        return normalize_index(index, n)
+
+
+def cond_form(op) -> Form:
+    return _Cond(op)
+
+
+def switch_form(op) -> Form:
+    return _Switch(op)
+
+
+# --- selectors, as module-level functions: the dynamo entry points in api.py call
+# them, and dynamo guards on every global a traced function reads, so these read only
+# module-level names of this module (no ``torch.X`` chains, no Form attributes).
+
+_BOOL = torch.bool
+_Tensor = torch.Tensor
+_SymBool, _SymInt, _SymFloat = torch.SymBool, torch.SymInt, torch.SymFloat
+_sym_min, _sym_max = torch.sym_min, torch.sym_max
+
+
+def normalize_pred(pred):
+    """A symbolic or tensor predicate as the operator takes it: a SymBool or a 0-d bool."""
+    if isinstance(pred, _SymBool):
+        return pred
+    if isinstance(pred, (_SymInt, _SymFloat)):
+        return pred != 0
+    if not isinstance(pred, _Tensor):
+        raise CondArgumentError(
+            "cond: argument 'pred' must be a Python bool or number, a SymBool, or a "
+            f"tensor with one element; found {type(pred).__name__} ({pred!r})"
+        )
+    check_pred_tensor(pred)
+    return _bool_scalar(pred)
+
+
+def _bool_scalar(pred: torch.Tensor) -> torch.Tensor:
+    if pred.dtype is not _BOOL:
+        pred = pred != 0
+    return pred.reshape(()) if pred.dim() else pred
+
+
+def normalize_index(index, n: int):
+    """A symbolic or tensor index as the operator takes it, clamped to ``[0, n - 1]``.
+
+    Under dynamo a Python int or a SymInt both look like ints.
+    """
+    if isinstance(index, (_SymInt, int)) and not isinstance(index, bool):
+        return _sym_min(_sym_max(index, 0), n - 1)
+    if not isinstance(index, _Tensor):
+        raise CondArgumentError(
+            "switch: argument 'index' must be a Python int, a SymInt, or a one-element "
+            f"integer tensor; found {type(index).__name__} ({index!r})"
+        )
+    check_index_tensor(index)
+    return switch_branch_of(index.reshape(()), n)
+
+
+def check_pred_tensor(pred: torch.Tensor) -> None:
+    if pred.numel() != 1:
+        raise CondArgumentError(
+            "cond: argument 'pred' must have exactly one element; found a tensor of "
+            f"shape {tuple(pred.shape)} ({pred.numel()} elements)"
+        )
+    if pred.dtype.is_complex:
+        raise CondArgumentError(
+            f"cond: argument 'pred' must have a real or bool dtype; found {pred.dtype}"
+        )
+
+
+INTEGER_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+)
+
+
+def check_index_tensor(index: torch.Tensor) -> None:
+    if index.dtype not in INTEGER_DTYPES:
+        raise CondArgumentError(
+            f"switch: argument 'index' must have an integer dtype; found {index.dtype}"
+            + (" (use cond for a boolean predicate)" if index.dtype is _BOOL else "")
+        )
+    if index.numel() != 1:
+        raise CondArgumentError(
+            "switch: argument 'index' must have exactly one element; found a tensor of "
+            f"shape {tuple(index.shape)}"
+        )
+
+
 def clamp_index(index: int, n: int) -> int:
     return min(max(index, 0), n - 1)
 
@@ -43,11 +234,6 @@ def host_index(index) -> int:
     """A concrete index as a Python int. ``int()`` of a uint64 tensor at or above 2**63
     overflows; ``item()`` gives the true value, which then clamps to the last branch."""
     return int(index.item()) if isinstance(index, torch.Tensor) else int(index)
-
-
-def cond_branch_of(pred: torch.Tensor, n: int) -> torch.Tensor:
-    """True takes branch 0 (``true_fn``), false branch 1."""
-    return (pred == 0).to(torch.int64)
 
 
 _INT64_MAX = torch.iinfo(torch.int64).max

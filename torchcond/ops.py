@@ -24,16 +24,7 @@ from ._compat import inductor as _compat_inductor
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
 from .errors import CondArgumentError, CondError
-from .forms import (
-    Form,
-    clamp_index,
-    cond_branch_of,
-    host_index,
-    pack,
-    readable_on_host,
-    switch_branch_of,
-    unpack,
-)
+from .forms import Form, cond_form, pack, readable_on_host, switch_form, unpack
 from .merge import check_agreement, merge_branch_outputs
 from .pytrees import leaf_paths
 from .strategies import run_all_and_select
@@ -70,46 +61,7 @@ cond_op = CondOp()
 switch_op = SwitchOp()
 
 
-def _free_name(root: torch.nn.Module, prefix: str, start: int = 0) -> int:
-    i = start
-    while hasattr(root, f"{prefix}_{i}"):
-        i += 1
-    return i
-
-
-def _cond_graph_names(root, _n):
-    """``true_graph_i``/``false_graph_i`` with the first ``i`` free (``_n`` is always 2)."""
-    i = 0
-    while hasattr(root, f"true_graph_{i}") or hasattr(root, f"false_graph_{i}"):
-        i += 1
-    return [f"true_graph_{i}", f"false_graph_{i}"]
-
-
-def _switch_graph_names(root, n):
-    names, i = [], 0
-    for _ in range(n):
-        i = _free_name(root, "branch_graph", i)
-        names.append(f"branch_graph_{i}")
-        i += 1
-    return names
-
-
-_FORMS = {
-    cond_op: Form(
-        cond_op,
-        taken=lambda pred, n: 0 if pred else 1,
-        labels=lambda n: ["true_fn", "false_fn"],
-        graph_names=_cond_graph_names,
-        branch_of=cond_branch_of,
-    ),
-    switch_op: Form(
-        switch_op,
-        taken=lambda index, n: clamp_index(host_index(index), n),
-        labels=lambda n: [f"branches[{i}]" for i in range(n)],
-        graph_names=_switch_graph_names,
-        branch_of=switch_branch_of,
-    ),
-}
+_FORMS = {cond_op: cond_form(cond_op), switch_op: switch_form(switch_op)}
 
 
 def form_of(op) -> Form:
