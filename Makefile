@@ -50,11 +50,13 @@ unit: install
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # ruff's linter and formatter, configured in pyproject.toml (`make format` applies
-# what `lint` asks for), and no private torch name outside torchcond/_compat/.
+# what `lint` asks for), no private torch name outside torchcond/_compat/, and
+# torchcond's own imports one-way (no cycle; _compat imports nothing above it).
 lint: $(DEPS_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) tools/check_private_torch.py torchcond
+	$(PY) tools/check_imports.py torchcond
 
 format: $(DEPS_STAMP)
 	$(PY) -m ruff check --fix .

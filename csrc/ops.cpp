@@ -3,7 +3,7 @@
 //
 // The fused branch-select kernels register their implementations under this library
 // (cpu/select_cpu.cpp: CPU; cuda/select.cu: CUDA). Their fake (meta) kernels,
-// autograd and vmap rules are registered from Python, in torchcond/select_ops.py; the
+// autograd and vmap rules are registered from Python, in torchcond/_src/select_ops.py; the
 // fake kernels check their arguments with the kernels' own checks (select_common.h),
 // which this module exposes to Python as _check_select and _check_select_n.
 #include <torch/csrc/utils/pybind.h>
@@ -31,7 +31,7 @@ bool built_with_cuda() {
 TORCH_LIBRARY(torchcond, m) {
   // Python registrations (register_fake, register_autograd, register_vmap) for the
   // ops below live in this module; torch asks for it to be imported when needed.
-  m.set_python_module("torchcond.select_ops");
+  m.set_python_module("torchcond._src.select_ops");
   m.def("abi_version() -> int", &abi_version);
   m.def("built_with_cuda() -> bool", &built_with_cuda);
   // out[i] = pred ? true_values[i] : false_values[i], elementwise; pred is 0-d or its

@@ -70,8 +70,8 @@ intersphinx_timeout = 1
 nitpicky = True
 nitpick_ignore = [
     # The return-type variable of cond/switch in their signatures: a private TypeVar of
-    # torchcond.api ("whatever the branches return"), with no page of its own.
-    ("py:class", "torchcond.api._Out"),
+    # torchcond._src.api ("whatever the branches return"), with no page of its own.
+    ("py:class", "torchcond._src.api._Out"),
 ]
 
 # -- Doctest (python -m sphinx -b doctest) ---------------------------------------------

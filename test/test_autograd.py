@@ -8,7 +8,7 @@ from torch.autograd import gradcheck, gradgradcheck
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchcond
-import torchcond.autograd
+import torchcond._src.autograd
 from torchcond import cond, switch
 
 POS = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
@@ -317,9 +317,9 @@ def test_derivative_graphs_are_built_once_per_forward_graph(monkeypatch):
     inner = symbolic(lambda x: cond(x.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (x,)), POS)
     fwd_true, fwd_false = inner.true_graph_0, inner.false_graph_0
     built = []
-    real = torchcond.autograd._derivative_graph
+    real = torchcond._src.autograd._derivative_graph
     monkeypatch.setattr(
-        torchcond.autograd, "_derivative_graph", lambda *a: built.append(1) or real(*a)
+        torchcond._src.autograd, "_derivative_graph", lambda *a: built.append(1) or real(*a)
     )
 
     def unrolled(x0):

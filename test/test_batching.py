@@ -190,8 +190,8 @@ def test_conditional_node_plumbing_with_a_recording_if_body():
     later branches copy their outputs into the first branch's (the graph's fixed outputs)."""
     import contextlib
 
-    from torchcond.ops import form_of, switch_op
-    from torchcond.strategies import run_as_conditional_nodes
+    from torchcond._src.ops import form_of, switch_op
+    from torchcond._src.strategies import run_as_conditional_nodes
 
     seen = []
 

@@ -10,7 +10,7 @@ def test_library_is_registered_with_the_current_abi():
 
 
 def test_select_operators_run_on_every_registered_device():
-    import torchcond.select_ops  # noqa: F401  (fake/autograd/vmap rules)
+    import torchcond._src.select_ops  # noqa: F401  (fake/autograd/vmap rules)
 
     ops = torch.ops.torchcond
     devices = ["cpu", "meta"]

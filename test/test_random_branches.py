@@ -253,7 +253,7 @@ def test_inference_traces_keep_the_random_op_and_save_nothing():
     gm = make_fx(lambda p, x: cond(p, dropout, torch.sin, (x,)), tracing_mode="fake")(
         torch.tensor(True), torch.rand(4)
     )
-    (node,) = [n for n in gm.graph.nodes if n.target is torchcond.ops.cond_op]
+    (node,) = [n for n in gm.graph.nodes if n.target is torchcond._src.ops.cond_op]
     assert len(node.meta["val"]) == 1
 
 

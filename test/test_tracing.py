@@ -9,6 +9,7 @@ import torch.utils._pytree as pytree
 from helpers import count_nodes, readable
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import torchcond
 from torchcond import cond, switch
 
 
@@ -200,6 +201,30 @@ def test_stack_traces_point_at_branch_code():
     assert traces and all("the true branch's line" in t for t in traces), traces
     text = gm.true_graph_0.print_readable(print_output=False)
     assert re.search(r"# File: .*test_tracing.py:\d+ in true_branch", text)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_exported_stack_traces_point_at_the_users_lines(strict):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            def true_branch(x):
+                return x.cos() * 3  # the true branch's line
+
+            return cond(x.sum() > 0, true_branch, torch.sin, (x,))  # the call's line
+
+    ep = torch.export.export(M(), (torch.randn(3),), strict=strict)
+    gm = ep.graph_module
+
+    def innermost(node):
+        lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+        frames = [i for i, line in enumerate(lines) if line.lstrip().startswith("File ")]
+        return "\n".join(lines[frames[-1] :]) if frames else ""
+
+    (node,) = [n for n in gm.graph.nodes if n.target is torchcond.cond_op]
+    assert "test_tracing.py" in innermost(node) and "the call's line" in innermost(node)
+    for n in gm.true_graph_0.graph.nodes:
+        if n.op == "call_function":
+            assert "the true branch's line" in innermost(n), n.meta.get("stack_trace")
 
 
 def test_differing_sizes_become_an_unbacked_size_with_a_range():

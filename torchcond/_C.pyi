@@ -1,7 +1,7 @@
 # Loading torchcond._C registers the torchcond operator library
-# (torch.ops.torchcond.*) with the dispatcher; torchcond/select_ops.py holds the typed
+# (torch.ops.torchcond.*) with the dispatcher; torchcond/_src/select_ops.py holds the typed
 # Python entry points. Its two functions are the operators' argument checks, which
-# the fake kernels in select_ops.py call; they raise ValueError or TypeError.
+# the fake kernels in _src/select_ops.py call; they raise ValueError or TypeError.
 import torch
 
 def _check_select(

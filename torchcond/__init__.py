@@ -7,8 +7,10 @@ from . import (
 
 _extension.load()  # torchcond._C, after checking it was built for this torch
 from . import passes  # torchcond.passes.lower_to_select
+from ._src.api import cond, switch
+from ._src.ops import cond_op, switch_op
+from ._src.select_ops import select, select_n
 from ._version import __version__
-from .api import cond, switch
 from .errors import (
     BranchMismatchError,
     BranchMutationError,
@@ -16,8 +18,6 @@ from .errors import (
     CondError,
     UnsupportedCondError,
 )
-from .ops import cond_op, switch_op
-from .select_ops import select, select_n
 
 __all__ = [
     "BranchMismatchError",

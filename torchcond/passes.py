@@ -14,10 +14,10 @@ from typing import cast
 
 import torch
 
-from . import select_ops  # noqa: F401  (registers the select operators' rules)
+from ._src import select_ops  # noqa: F401  (registers the select operators' rules)
+from ._src.ops import cond_op, switch_op
+from ._src.subgraph import output_values
 from .errors import BranchMismatchError
-from .ops import cond_op, switch_op
-from .subgraph import output_values
 
 
 def lower_to_select(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:

@@ -92,7 +92,7 @@ def below_autograd():
     return torch._C._AutoDispatchBelowAutograd()
 
 
-def tracing() -> bool:
+def tracing_active() -> bool:
     """True under any torch dispatch mode (fake, proxy, functional, pre-dispatch) or dynamo.
 
     Called on every eager cond, so it is three C-level checks and no Python loops.

@@ -20,6 +20,8 @@ imported (see ``install``).
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
 
 import torch
@@ -140,9 +142,17 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
                     hop.make_attr(tx, tx.output.install_subgraph(f"{op_name}_branch_{j}", gm))
                 )
             proxy_args = (selector.as_proxy(), *graph_nodes, tuple(shared))
-            return hop._call_function_and_unflatten_output(
+            graph = tx.output.graph
+            last = next(reversed(graph.nodes))
+            result = hop._call_function_and_unflatten_output(
                 tx, self.value, proxy_args, {}, None, speculated[0][1], speculated[0][0]
             )
+            node = last.next
+            while node is not last and node.op != "root":  # the nodes just emitted
+                if node.stack_trace:
+                    node.stack_trace = _user_frames_only(node.stack_trace)
+                node = node.next
+            return result
 
         def _speculate(self, tx, name, branch, operand_vts):
             from torch._dynamo.exc import Unsupported
@@ -198,6 +208,24 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
             return shared
 
     return TorchcondConditionalVariable
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_FRAME = re.compile(r'^  File "', re.MULTILINE)
+
+
+def _user_frames_only(stack_trace: str) -> str:
+    """``stack_trace`` (as ``traceback`` formats it) without torchcond's own frames.
+
+    Dynamo records the frames it is inlining when it emits a node; the innermost is
+    torchcond's entry point, where the user's call is the line that matters.
+    """
+    starts = [m.start() for m in _FRAME.finditer(stack_trace)]
+    if not starts:
+        return stack_trace
+    frames = [stack_trace[a:b] for a, b in zip(starts, [*starts[1:], len(stack_trace)])]
+    kept = [f for f in frames if not f[len('  File "') :].startswith(_PACKAGE_DIR)]
+    return stack_trace[: starts[0]] + "".join(kept)
 
 
 def _example_outputs(graph) -> list:

@@ -24,8 +24,8 @@ from typing import NamedTuple, cast
 import sympy
 import torch
 
-from . import _compat
-from .errors import UnsupportedCondError
+from .. import _compat
+from ..errors import UnsupportedCondError
 from .forms import pack, unpack
 from .subgraph import getattr_path, written_arguments
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat
+from .. import _compat
 from .forms import Form
 from .strategies import run_all_and_select, run_every_branch, select_outputs
 

@@ -29,8 +29,9 @@ from typing import Literal, get_args
 
 import torch
 
-from . import _compat, select_ops
-from .errors import BranchMismatchError, CondArgumentError
+from .. import _compat
+from ..errors import BranchMismatchError, CondArgumentError
+from . import select_ops
 from .forms import Form, python_scalar
 from .write_guard import refusing_outside_writes
 

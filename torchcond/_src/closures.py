@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat
-from ._compat import pytree
+from .. import _compat
+from .._compat import pytree
 from .forms import Form
 from .subgraph import getattr_path
 from .tracing import SessionGraph, Traced, plain, trace_branches

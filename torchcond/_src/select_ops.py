@@ -42,8 +42,8 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _C, _compat
-from .errors import CondArgumentError
+from .. import _C, _compat
+from ..errors import CondArgumentError
 
 __all__ = ["select", "select_n"]
 
@@ -107,7 +107,7 @@ def select(
     true_values = _as_list(true_values, "select", "true_values", _TENSORS, _ONE_OUTPUT)
     false_values = _as_list(false_values, "select", "false_values", _TENSORS, _ONE_OUTPUT)
     try:
-        if _compat.tracing():
+        if _compat.tracing_active():
             return _select_differentiable(pred, true_values, false_values)
         return _select_eager(pred, true_values, false_values)
     except _OP_ERRORS as error:
@@ -152,7 +152,7 @@ def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> li
     _check_nesting(cases)
     flat = [v for c in cases for v in c]
     try:
-        if _compat.tracing():
+        if _compat.tracing_active():
             return _select_n_differentiable(index, flat, len(cases))
         return _select_n_eager(index, flat, len(cases))
     except _OP_ERRORS as error:

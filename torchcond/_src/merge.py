@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _compat
-from .errors import BranchMismatchError
+from .. import _compat
+from ..errors import BranchMismatchError
 
 _MATCHING_ATTRIBUTES = ("dtype", "device", "layout", "ndim", "is_quantized", "is_sparse")
 

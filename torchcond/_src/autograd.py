@@ -27,11 +27,12 @@ from typing import NamedTuple
 
 import torch
 
-from . import _compat, closures, draws
-from ._compat import pytree
+from .. import _compat
+from .._compat import pytree
+from ..errors import UnsupportedCondError
+from . import closures, draws
 from .batching import map_conditional
 from .closures import closure_free
-from .errors import UnsupportedCondError
 from .forms import Form, readable_on_host
 from .tracing import (
     GRAD_DISABLED,

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from ._compat import pytree
-from .errors import BranchMismatchError, CondArgumentError, CondError
+from .._compat import pytree
+from ..errors import BranchMismatchError, CondArgumentError, CondError
 
 
 def describe_structure(spec: pytree.TreeSpec) -> str:

@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import torch
 
-from . import _compat, subgraph
+from .. import _compat
+from . import subgraph
 
 
 class SessionGraph:
@@ -368,7 +369,7 @@ def _marking_grad_disabled_nodes(fx_tracer):
 
 
 _LIBRARY_DIRS = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # torchcond
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # torchcond
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,  # torch
 )
 
@@ -398,13 +399,14 @@ def _branch_stack_traces(fx_tracer):
     from torch.fx import traceback as fx_traceback
 
     _compat.keep_stack_frames(fx_tracer, _user_frames)
-    meta = fx_traceback.current_meta
-    saved = meta.pop("stack_trace", None)
+    saved = fx_traceback.current_meta.pop("stack_trace", None)
     try:
         yield
     finally:
+        # Put back into the current meta, not the dict popped from: make_fx's
+        # preserve_node_meta restores a copy of the meta it found on entry.
         if saved is not None:
-            meta["stack_trace"] = saved
+            fx_traceback.current_meta["stack_trace"] = saved
 
 
 def _fresh_leaf(value):

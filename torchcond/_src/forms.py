@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import _compat
-from .errors import CondArgumentError
+from .. import _compat
+from ..errors import CondArgumentError
 
 
 class Form:
@@ -267,7 +267,7 @@ def readable_on_host(selector) -> bool:
     Under a tracing mode the Autograd key runs before the mode's rule; reading the
     selector there would inline one branch into the trace, so it never counts.
     """
-    if _compat.tracing():
+    if _compat.tracing_active():
         return False
     if isinstance(selector, torch.Tensor):
         if _compat.is_functorch_wrapped(selector):

@@ -13,9 +13,10 @@ from typing import TypeVar
 
 import torch
 
-from . import _compat, strategies
-from ._compat import pytree
-from .errors import CondArgumentError
+from .. import _compat
+from .._compat import pytree
+from ..errors import CondArgumentError
+from . import strategies
 from .forms import (
     INTEGER_DTYPES,
     Form,
@@ -34,7 +35,7 @@ _Out = TypeVar("_Out")
 _Tensor = torch.Tensor
 # The fast path's test for "maybe tracing": dynamo (first: dynamo folds it and never
 # sees the rest), or any dispatch or torch-function mode. A superset of
-# _compat.tracing() (pre-dispatch tracing always pushes a function mode) that costs
+# _compat.tracing_active() (pre-dispatch tracing always pushes a function mode) that costs
 # no Python frame; the slow path decides precisely.
 _dispatch_modes = _compat.len_dispatch_stack
 _function_modes = _compat.len_function_stack

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _compat
-from .errors import BranchMutationError
+from .. import _compat
+from ..errors import BranchMutationError
 from .subgraph import written_arguments
 
 

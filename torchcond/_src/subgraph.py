@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _compat
-from ._compat import pytree
-from .errors import BranchMutationError
+from .. import _compat
+from .._compat import pytree
+from ..errors import BranchMutationError
 from .merge import same_layout
 
 

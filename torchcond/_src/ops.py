@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from . import _compat
-from ._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode, pytree
-from ._compat import dynamo as _compat_dynamo
-from ._compat import export as _compat_export
-from ._compat import inductor as _compat_inductor
+from .. import _compat
+from .._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode, pytree
+from .._compat import dynamo as _compat_dynamo
+from .._compat import export as _compat_export
+from .._compat import inductor as _compat_inductor
+from ..errors import CondArgumentError, CondError
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
-from .errors import CondArgumentError, CondError
 from .forms import Form, cond_form, pack, readable_on_host, switch_form, unpack
 from .merge import check_agreement, merge_branch_outputs
 from .pytrees import leaf_paths
