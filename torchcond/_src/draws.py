@@ -21,7 +21,6 @@ import operator
 from collections.abc import Sequence
 from typing import NamedTuple, cast
 
-import sympy
 import torch
 
 from .. import _compat
@@ -445,8 +444,10 @@ class _SizeNodes:
                 self.known[expr] = (node, val)
                 return node, val
             return where, val
-        if isinstance(expr, (sympy.Add, sympy.Mul)):
-            combine = operator.add if isinstance(expr, sympy.Add) else operator.mul
+        # sympy's own flags, as ``is_Integer`` above: importing sympy costs most of a
+        # second, and torch imports it only when shapes go symbolic.
+        if expr.is_Add or expr.is_Mul:
+            combine = operator.add if expr.is_Add else operator.mul
             parts = [self._build(arg) for arg in expr.args]
             if any(p is None for p in parts):
                 return None
