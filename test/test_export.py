@@ -266,3 +266,28 @@ def test_branch_placeholders_take_the_programs_input_names(strict):
     m, loaded = ep.module(), round_trip(ep).module()
     for x in (torch.ones(4, 3), -torch.ones(4, 3), torch.tensor([[1.0, -3, 1]] * 4)):
         torch.testing.assert_close(loaded(x), m(x))
+
+
+class ClosedOverInOrder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(3))
+        self.a = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x, y):
+        return cond(x.sum() > 0, lambda x: x * self.b + y, lambda x: x - self.a * self.b, (x,))
+
+
+def test_strict_and_non_strict_export_order_lifted_operands_alike():
+    # make_fx tracing orders the conditional's operands as the operands, then what the
+    # branches close over by first use; dynamo (strict) must give the same order.
+    args = (torch.randn(3), torch.randn(3))
+    model = ClosedOverInOrder()
+    orders = []
+    for strict in (False, True):
+        ep = export(model, args, strict=strict)
+        (node,) = [n for n in ep.graph.nodes if "torchcond_cond" in str(n.target)]
+        orders.append([a.name for a in node.args[-1]])
+        for x in (args[0].abs(), -args[0].abs()):
+            torch.testing.assert_close(ep.module()(x, args[1]), model(x, args[1]))
+    assert orders[0] == orders[1] == ["x", "p_b", "y", "p_a"], orders

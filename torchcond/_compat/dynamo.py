@@ -134,7 +134,7 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
                 from torch._dynamo.exc import TorchRuntimeError
 
                 raise TorchRuntimeError(f"{op_name}: {type(error).__name__}: {error}") from error
-            shared = self._merge_lifted_inputs(speculated)
+            shared = self._merge_lifted_inputs(speculated, operand_vts)
             graph_nodes = []
             for j, (_, _, graph, _, modules) in enumerate(speculated):
                 gm = torch.fx.GraphModule(modules, graph)
@@ -187,13 +187,19 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
             return ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules)
 
         @staticmethod
-        def _merge_lifted_inputs(speculated):
-            """Every branch graph takes the union of all branches' lifted inputs, one order."""
+        def _merge_lifted_inputs(speculated, operand_vts):
+            """Every branch graph takes the union of all branches' lifted inputs, in the
+            order make_fx tracing gives (tracing.trace_branches): the operands a branch
+            reads, in their order, then what the branches close over, by first use."""
             union: dict = {}
             for _, _, _, lifted, _ in speculated:
                 for outer in lifted:
                     union.setdefault(lift_key(outer), outer)
-            shared = sorted(union.values(), key=lambda p: p.node.name)
+            traced = (variables().TensorVariable, variables().SymNodeVariable)
+            operand_keys = [lift_key(vt.as_proxy()) for vt in operand_vts if isinstance(vt, traced)]
+            operand_keys = [k for k in dict.fromkeys(operand_keys) if k in union]
+            shared = [union[k] for k in operand_keys]
+            shared += [p for k, p in union.items() if k not in set(operand_keys)]
             for _, _, graph, lifted, _ in speculated:
                 inner_by_key = {lift_key(o): inner for o, inner in lifted.items()}
                 first = next(n for n in graph.nodes if n.op != "placeholder")
