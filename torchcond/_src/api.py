@@ -20,6 +20,8 @@ from . import strategies
 from .forms import (
     INTEGER_DTYPES,
     Form,
+    check_branch_list,
+    check_callables,
     normalize_index,
     normalize_pred,
     python_scalar,
@@ -254,7 +256,7 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
     """
     if strategy != "auto":  # "select" (or a bad value): the shared path checks it all
         return _slow(_COND, pred, (true_fn, false_fn), operands, strategy)
-    _check_branches((true_fn, false_fn), ("true_fn", "false_fn"))
+    check_callables((true_fn, false_fn), ("true_fn", "false_fn"))
     _check_operands(operands)
     if isinstance(pred, _Tensor):
         pred = normalize_pred(pred)
@@ -265,7 +267,7 @@ def _switch_under_dynamo(index, branches, operands, strategy):
     """As ``_cond_under_dynamo``; the graph holds the clamped index, as in other modes."""
     if strategy != "auto":
         return _slow(_SWITCH, index, branches, operands, strategy)
-    branches = _check_branch_list(branches)
+    branches = check_branch_list(branches)
     _check_operands(operands)
     # A SymInt is an int to dynamo's isinstance: normalize_index clamps either.
     index = normalize_index(python_scalar(index), len(branches))
@@ -275,10 +277,7 @@ def _switch_under_dynamo(index, branches, operands, strategy):
 def _slow(form: Form, selector, branches, operands, strategy="auto", check_branches=False):
     """Every call the eager fast path does not take: checked, then run as ``strategy``,
     the selector and tracing say."""
-    if form is _SWITCH:
-        branches = _check_branch_list(branches)
-    else:
-        _check_branches(branches, form.labels(2))
+    branches = form.check_branches(branches)
     _check_operands(operands)
     n = len(branches)
     labelled = list(zip(branches, form.labels(n)))
@@ -313,7 +312,7 @@ def _check_every_branch(form: Form, labelled_branches, operands) -> None:
     so that what it would refuse in any branch raises now; the trace is dropped."""
     flat, spec = pytree.tree_flatten(operands)
     # A selector the trace cannot read, so that every branch is traced.
-    selector = torch.zeros((), dtype=torch.bool if form is _COND else torch.int64)
+    selector = torch.zeros((), dtype=form.selector_dtype)
 
     def call(selector, *flat):
         return _call_operator(
@@ -342,8 +341,7 @@ def _call_operator(op, selector, labelled_branches, operands):
 def _select_path(form: Form, selector, labelled_branches, operands, strategy):
     """The branches run as ``strategies.runner`` says, on flat operands."""
     if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
-        dtype = torch.bool if form is _COND else torch.int64
-        selector = torch.scalar_tensor(selector, dtype=dtype)
+        selector = torch.scalar_tensor(selector, dtype=form.selector_dtype)
     if _dynamo_compiling():
         # Dynamo inlines the branches below, where no dispatch mode can refuse a write
         # from a branch that runs untaken. Calling the operator makes dynamo speculate
@@ -366,28 +364,6 @@ def _warn_if_exporting(form: Form, value) -> None:
 
 
 # --- validation -----------------------------------------------------------------------
-
-
-def _check_branches(fns, names) -> None:
-    for fn, name in zip(fns, names):
-        if not callable(fn):
-            raise CondArgumentError(
-                f"argument '{name}' must be callable; found {type(fn).__name__} ({fn!r})"
-            )
-
-
-def _check_branch_list(branches) -> list:
-    if not isinstance(branches, (list, tuple)):
-        raise CondArgumentError(
-            "switch: argument 'branches' must be a list or tuple of callables; found "
-            f"{type(branches).__name__}"
-        )
-    if not branches:
-        raise CondArgumentError(
-            "switch: argument 'branches' must hold at least one callable; found an empty sequence"
-        )
-    _check_branches(branches, [f"branches[{i}]" for i in range(len(branches))])
-    return list(branches)
 
 
 def _all_callable(branches) -> bool:

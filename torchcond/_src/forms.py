@@ -27,12 +27,17 @@ class Form:
     name: str  # the user's function, in messages
     selector_arg: str  # its selector argument's name
     symbolic_kind: str  # what keeps every branch in an exported graph, in a warning
+    selector_dtype: torch.dtype  # of a selector tensor made from a symbolic one
 
     def __init__(self, op):
         self.op = op
 
     def labels(self, n: int) -> list[str]:
         """The branches' names in messages."""
+        raise NotImplementedError
+
+    def check_branches(self, branches) -> list:
+        """The branches as a list, once checked (``CondArgumentError`` otherwise)."""
         raise NotImplementedError
 
     def graph_names(self, root: torch.nn.Module, n: int) -> list[str]:
@@ -74,9 +79,14 @@ class Form:
 
 class _Cond(Form):
     name, selector_arg, symbolic_kind = "cond", "pred", "a tensor or a SymBool"
+    selector_dtype = torch.bool
 
     def labels(self, n):
         return ["true_fn", "false_fn"]
+
+    def check_branches(self, branches):
+        check_callables(branches, self.labels(2))
+        return list(branches)
 
     def graph_names(self, root, n):
         """``true_graph_i``/``false_graph_i`` with the first ``i`` free for both."""
@@ -107,9 +117,13 @@ class _Cond(Form):
 
 class _Switch(Form):
     name, selector_arg, symbolic_kind = "switch", "index", "a tensor or a SymInt"
+    selector_dtype = torch.int64
 
     def labels(self, n):
-        return [f"branches[{i}]" for i in range(n)]
+        return switch_labels(n)
+
+    def check_branches(self, branches):
+        return check_branch_list(branches)
 
     def graph_names(self, root, n):
         """``branch_graph_i`` for the first ``n`` free ``i``."""
@@ -193,6 +207,33 @@ def normalize_index(index, n: int):
         )
     check_index_tensor(index)
     return switch_branch_of(index.reshape(()), n)
+
+
+def check_callables(fns, names) -> None:
+    for fn, name in zip(fns, names):
+        if not callable(fn):
+            raise CondArgumentError(
+                f"argument '{name}' must be callable; found {type(fn).__name__} ({fn!r})"
+            )
+
+
+def check_branch_list(branches) -> list:
+    """switch's ``branches``: a non-empty list or tuple of callables, as a list."""
+    if not isinstance(branches, (list, tuple)):
+        raise CondArgumentError(
+            "switch: argument 'branches' must be a list or tuple of callables; found "
+            f"{type(branches).__name__}"
+        )
+    if not branches:
+        raise CondArgumentError(
+            "switch: argument 'branches' must hold at least one callable; found an empty sequence"
+        )
+    check_callables(branches, switch_labels(len(branches)))
+    return list(branches)
+
+
+def switch_labels(n: int) -> list[str]:
+    return [f"branches[{i}]" for i in range(n)]
 
 
 def check_pred_tensor(pred: torch.Tensor) -> None:
