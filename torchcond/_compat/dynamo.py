@@ -143,7 +143,7 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
                 )
             proxy_args = (selector.as_proxy(), *graph_nodes, tuple(shared))
             graph = tx.output.graph
-            last = next(reversed(graph.nodes))
+            last = next(iter(reversed(graph.nodes)))
             result = hop._call_function_and_unflatten_output(
                 tx, self.value, proxy_args, {}, None, speculated[0][1], speculated[0][0]
             )
