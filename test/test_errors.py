@@ -452,3 +452,37 @@ def test_an_inner_conditional_names_its_own_output_paths():
         BranchMismatchError, match=re.escape("output['k']: branches must agree on dtype")
     ):
         trace(f, x)
+
+
+@pytest.mark.parametrize("write", ["operand", "view of an operand"])
+def test_aot_autograd_refuses_a_write_to_an_operand_instead_of_dropping_it(write):
+    # Python functionalization (AOTAutograd) turns the write into a new value of the
+    # operand's wrapper; it must not vanish from the trace.
+    from functorch.compile import aot_function, nop
+
+    def inc(a, b):
+        (b if write == "operand" else b[:2]).add_(1)
+        return a * 2
+
+    def f(x, y):
+        return cond(x.sum() > 0, inc, lambda a, b: a - 1, (x, y))
+
+    y = torch.zeros(3)
+    with pytest.raises(
+        BranchMutationError, match=re.escape("true_fn writes in place to its input operands[1]")
+    ):
+        aot_function(f, nop)(torch.ones(3), y)
+    assert torch.equal(y, torch.zeros(3))
+
+
+def test_aot_autograd_refuses_a_branch_that_transposes_an_operand_in_place():
+    from functorch.compile import aot_function, nop
+
+    def f(x, y):
+        return cond(x.sum() > 0, lambda a, b: a + b.t_().sum(), lambda a, b: a, (x, y))
+
+    with pytest.raises(
+        BranchMutationError,
+        match=re.escape("changes the sizes or strides of its input operands[1]"),
+    ):
+        aot_function(f, nop)(torch.ones(3), torch.zeros(2, 3))

@@ -459,11 +459,42 @@ def unwrap_functional(values):
     return pytree.tree_map_only(FunctionalTensor, FunctionalTensor.from_functional, values)
 
 
-def functionalized(fn: Callable, mode) -> Callable:
-    """``fn`` run under ``mode`` on functional wrappers of its (unwrapped) inputs."""
-    from torch._subclasses.functional_tensor import dispatch_functionalize
+# Python functionalization's wrappers, as torch's dispatch_functionalize handles them
+# (checked on 2.11-2.15).
 
-    return dispatch_functionalize(fn, mode)
+
+def functionalize_key_excluded():
+    """The C++ Functionalize key off, so that only the Python mode functionalizes."""
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(DispatchKey.Functionalize))
+
+
+def to_functional(t: torch.Tensor) -> torch.Tensor:
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return FunctionalTensor.to_functional(t)
+
+
+def from_functional(value):
+    """The current value under a FunctionalTensor (anything else as it is)."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if not isinstance(value, FunctionalTensor):
+        return value
+    torch._sync(value)
+    return torch._from_functional_tensor(value.elem)
+
+
+def mutated_in_place(value) -> tuple[bool, bool]:
+    """Whether the FunctionalTensor ``value`` was written to in place: its data, its
+    metadata (sizes, strides: ``t_()``, ``resize_()``)."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if not isinstance(value, FunctionalTensor):
+        return False, False
+    return (
+        torch._functionalize_has_data_mutation(value.elem),
+        torch._functionalize_has_metadata_mutation(value.elem),
+    )
 
 
 # --- fused select fast path ------------------------------------------------------------

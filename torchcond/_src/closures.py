@@ -21,7 +21,7 @@ from .. import _compat
 from .._compat import pytree
 from .forms import Form
 from .subgraph import getattr_path
-from .tracing import SessionGraph, Traced, plain, trace_branches
+from .tracing import SessionGraph, Traced, functionalized, plain, trace_branches
 
 
 def lift(form: Form, branches, operands: tuple):
@@ -69,7 +69,9 @@ def trace_in_session(
         return trace_branches(tracer, fns, operands, labels)
     wrappers = FunctionalWrappers()
     with _compat.outside_functional_mode():
-        functional = [_compat.functionalized(_recording(f, wrappers), mode) for f in fns]
+        functional = [
+            functionalized(_recording(f, wrappers), mode, label) for f, label in zip(fns, labels)
+        ]
         inner = _compat.unwrap_functional(operands)
         traced = trace_branches(tracer, functional, inner, labels, functional=True)
     lifted = tuple(wrappers.outer(v) for v in traced.operands[len(operands) :])

@@ -29,7 +29,7 @@ from .merge import check_agreement, merge_branch_outputs
 from .pytrees import leaf_paths
 from .strategies import run_all_and_select
 from .subgraph import output_values
-from .tracing import graphs_of, plain, trace_branches
+from .tracing import functionalized, graphs_of, plain, trace_branches
 
 
 class CondOp(_compat.HigherOrderOperator):
@@ -133,10 +133,20 @@ def _functionalize(form: Form, ctx, selector, branches, operands):
         ctx.unwrap_tensors(selector) if isinstance(selector, torch.Tensor) else selector
     )
     if graphs_of(branches, _compat.active_fx_tracer(), functional=True) is None:
-        branches = [ctx.functionalize(_compat.run_with_interpreter(plain(b))) for b in branches]
+        branches = [
+            _functionalized(ctx, _compat.run_with_interpreter(plain(b)), label)
+            for b, label in zip(branches, form.labels(len(branches)))
+        ]
     with ctx.redispatch_to_next():
         out = form.op(*pack(inner_selector, branches, inner_operands))
     return ctx.wrap_tensors(out)
+
+
+def _functionalized(ctx, fn, label: str):
+    """``fn`` functionalized by ``ctx``; a write to an input stays in its trace (C++
+    functionalization writes inputs back itself, Python's through tracing.functionalized)."""
+    mode = getattr(ctx, "mode", None)
+    return ctx.functionalize(fn) if mode is None else functionalized(fn, mode, label)
 
 
 def _functorch(form: Form, interpreter, selector, branches, operands):

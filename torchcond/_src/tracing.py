@@ -17,6 +17,8 @@ from typing import NamedTuple
 import torch
 
 from .. import _compat
+from .._compat import pytree
+from ..errors import BranchMutationError
 from . import subgraph
 
 
@@ -66,6 +68,42 @@ class Traced(NamedTuple):
     operands: tuple
     # The branches to hand to the operator in this session: the graphs as SessionGraphs.
     branches: list[SessionGraph]
+
+
+def functionalized(fn: Callable, mode, label: str) -> Callable:
+    """``fn`` under the Python functionalization ``mode``, on functional wrappers of its
+    (plain) inputs, returning plain tensors.
+
+    Functionalization turns a write to an input into a new value of the input's
+    wrapper, which the trace would otherwise drop. As C++ functionalization does, the
+    new value is written back at the end (``input.copy_(value)``), so the write shows
+    in the branch's graph. A change of an input's sizes or strides in place cannot be
+    written back and is refused here.
+    """
+
+    def run(*args):
+        with _compat.functionalize_key_excluded(), mode:
+            wrapped = [_compat.to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
+            out = fn(*wrapped)
+            out = pytree.tree_map(_compat.from_functional, out)
+            written = []
+            for i, (arg, wrapper) in enumerate(zip(args, wrapped)):
+                data, metadata = _compat.mutated_in_place(wrapper)
+                if metadata:
+                    raise BranchMutationError.at(
+                        "operand",
+                        i,
+                        f"{label} changes the sizes or strides of its input {{path}} in place "
+                        "(resize_, t_, as_strided_, ...), which a traced conditional cannot "
+                        "do: return the reshaped value instead",
+                    )
+                if data:
+                    written.append((arg, _compat.from_functional(wrapper)))
+        for arg, value in written:
+            arg.copy_(value)
+        return out
+
+    return run
 
 
 def _lift_key(value) -> int:
