@@ -491,9 +491,12 @@ def mutated_in_place(value) -> tuple[bool, bool]:
 
     if not isinstance(value, FunctionalTensor):
         return False, False
+    # Both are in torch._C._VariableFunctions on 2.11-2.15; the stubs list only the
+    # metadata one.
+    functions: Any = torch
     return (
-        torch._functionalize_has_data_mutation(value.elem),
-        torch._functionalize_has_metadata_mutation(value.elem),
+        functions._functionalize_has_data_mutation(value.elem),
+        functions._functionalize_has_metadata_mutation(value.elem),
     )
 
 
