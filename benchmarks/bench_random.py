@@ -21,7 +21,6 @@ Timing as in the other benchmarks (``common.measure``): interleaved rounds of
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -67,12 +66,7 @@ def wrong_entries(model, compiled, x) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke run: small size, short")
-    parser.add_argument("--out", help="write the results to this JSON file")
-    args = parser.parse_args(argv)
+    args = common.standard_args(__doc__, "smoke run: small size, short", argv)
     quick = args.quick
     rounds, min_run_time = (2, 0.02) if quick else (5, 0.2)
     batch, width = (16, 64) if quick else (64, 256)

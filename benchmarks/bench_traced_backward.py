@@ -24,7 +24,6 @@ ratio = torchcond / torch.cond. Not a test: it never fails on a slow result.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -127,12 +126,7 @@ def fmt_ms(seconds: float | None) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke run: fewer repeats")
-    parser.add_argument("--out", help="write the results to this JSON file")
-    args = parser.parse_args(argv)
+    args = common.standard_args(__doc__, "smoke run: fewer repeats", argv)
     repeats = 2 if args.quick else 7
     torch._dynamo.config.recompile_limit = 64
     run = common.Run(

@@ -18,6 +18,7 @@ Run the scripts from the repository root; each puts ``benchmarks/`` first on
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -114,6 +115,16 @@ def wrap(text: str, indent: str = "    ") -> list[str]:
                 )
             )
     return lines
+
+
+def standard_args(doc: str, quick_help: str, argv=None) -> argparse.Namespace:
+    """``--quick`` and ``--out FILE.json``, the options every benchmark script takes."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--out", help="write the results to this JSON file")
+    return parser.parse_args(argv)
 
 
 class Run:
