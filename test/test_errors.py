@@ -486,3 +486,22 @@ def test_aot_autograd_refuses_a_branch_that_transposes_an_operand_in_place():
         match=re.escape("changes the sizes or strides of its input operands[1]"),
     ):
         aot_function(f, nop)(torch.ones(3), torch.zeros(2, 3))
+
+
+def test_a_select_write_names_the_operand_path():
+    a, b = torch.ones(3), torch.ones(3)
+
+    def writes(ops):
+        ops["k"][1].add_(1)
+        return ops["k"][0]
+
+    with pytest.raises(
+        BranchMutationError,
+        match=re.escape(
+            "true_fn writes in place (aten.add_.Tensor) to its input operands[0]['k'][1]"
+        ),
+    ):
+        cond(
+            torch.tensor(True), writes, lambda ops: ops["k"][0], ({"k": [a, b]},), strategy="select"
+        )
+    assert torch.equal(b, torch.ones(3))
