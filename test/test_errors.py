@@ -505,3 +505,16 @@ def test_a_select_write_names_the_operand_path():
             torch.tensor(True), writes, lambda ops: ops["k"][0], ({"k": [a, b]},), strategy="select"
         )
     assert torch.equal(b, torch.ones(3))
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+def test_make_fx_refuses_a_write_through_a_view_of_an_operand(mode):
+    def f(x, y):
+        return cond(x.sum() > 0, lambda a, b: (b[:2].mul_(3), a * 2)[1], lambda a, b: a, (x, y))
+
+    y = torch.zeros(3)
+    with pytest.raises(
+        BranchMutationError, match=re.escape("true_fn writes in place to its input operands[1]")
+    ):
+        make_fx(f, tracing_mode=mode)(torch.ones(3), y)
+    assert torch.equal(y, torch.zeros(3))

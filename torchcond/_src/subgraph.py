@@ -25,8 +25,10 @@ def reject_input_writes(gm: torch.fx.GraphModule, label: str, n_operands: int) -
     """
     roots = _root_storages(gm)
     for node in gm.graph.nodes:
-        for written in _written_values(node):
-            root = roots.get(_storage(written))
+        for arg in _written_nodes(node):
+            # By storage, and by the chain of views in the graph: a trace on real
+            # tensors may record fake values that share no storage with the input.
+            root = roots.get(_storage(arg.meta.get("val"))) or _view_root(arg)
             if root is None:
                 continue
             placeholders = gm.graph.find_nodes(op="placeholder")
@@ -114,10 +116,28 @@ def writes_in_place(gm: torch.fx.GraphModule) -> bool:
 
 def _written_values(node) -> list:
     """Fake values of the arguments ``node``'s schema marks as written (``a!``)."""
+    return [leaf.meta.get("val") for leaf in _written_nodes(node)]
+
+
+def _written_nodes(node) -> list:
+    """The argument nodes ``node``'s schema marks as written (``a!``)."""
     if node.op != "call_function" or not isinstance(node.target, _compat.OpOverload):
         return []
     written = written_arguments(node.target, node.args, node.kwargs)
-    return [leaf.meta.get("val") for leaf in written if isinstance(leaf, torch.fx.Node)]
+    return [leaf for leaf in written if isinstance(leaf, torch.fx.Node)]
+
+
+def _view_root(node):
+    """The placeholder or constant ``node`` is a view of (through ops whose first output
+    aliases their first argument), or None."""
+    while node.op == "call_function" and isinstance(node.target, _compat.OpOverload):
+        returns = _compat.schema_of(node.target).returns
+        if not returns or returns[0].alias_info is None or not node.args:
+            return None
+        node = node.args[0]
+        if not isinstance(node, torch.fx.Node):
+            return None
+    return node if node.op in ("placeholder", "get_attr") else None
 
 
 def written_arguments(op, args, kwargs) -> list:
