@@ -26,7 +26,7 @@ from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
 from .forms import Form, cond_form, pack, readable_on_host, switch_form, unpack
 from .merge import check_agreement, merge_branch_outputs
-from .pytrees import leaf_paths
+from .pytrees import raise_named
 from .strategies import run_all_and_select
 from .subgraph import output_values
 from .tracing import functionalized, graphs_of, plain, trace_branches
@@ -187,8 +187,7 @@ def _check_named_outputs(branch_outputs, labels, out_spec) -> None:
     try:
         check_agreement(branch_outputs, labels)
     except CondError as error:
-        named = error.named(leaf_paths(out_spec, len(branch_outputs[0])), ())
-        raise named.with_traceback(error.__traceback__) from None
+        raise_named(error, out_spec, None)
 
 
 def _install(form: Form) -> None:

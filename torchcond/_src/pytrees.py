@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 
@@ -133,15 +134,22 @@ def run_flat(labelled_branches, operands, run: Callable) -> object:
     try:
         flat_out = run(branches, tuple(flat_operands), labels)
     except CondError as error:
-        named = error.named(
-            leaf_paths(outputs.spec, 1 + error.path[1] if error.path else 0),
-            leaf_paths(in_spec, in_spec.num_leaves, root="operands"),
-        )
-        if named is error:
-            raise
-        raise named.with_traceback(error.__traceback__) from None
+        raise_named(error, outputs.spec, in_spec)
     assert outputs.spec is not None, "run() returned without calling a branch"
     return pytree.tree_unflatten(list(flat_out), outputs.spec)
+
+
+def raise_named(
+    error: CondError, out_spec: pytree.TreeSpec | None, in_spec: pytree.TreeSpec | None
+) -> NoReturn:
+    """Raise ``error`` with the flat position it is about named from the user's output
+    and operand structures (``error`` itself when it names none)."""
+    count = 1 + error.path[1] if error.path else 0
+    in_names = leaf_paths(in_spec, in_spec.num_leaves, root="operands") if in_spec else []
+    named = error.named(leaf_paths(out_spec, count), in_names)
+    if named is error:
+        raise error
+    raise named.with_traceback(error.__traceback__) from None
 
 
 def raise_if_arity_error(error: TypeError, fn: Callable, label: str, operands) -> None:

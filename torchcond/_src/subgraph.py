@@ -111,12 +111,7 @@ def _root_storages(gm) -> dict:
 
 def writes_in_place(gm: torch.fx.GraphModule) -> bool:
     """Some op of ``gm`` (not of a graph nested in it) writes to an argument."""
-    return any(_written_values(node) for node in gm.graph.nodes)
-
-
-def _written_values(node) -> list:
-    """Fake values of the arguments ``node``'s schema marks as written (``a!``)."""
-    return [leaf.meta.get("val") for leaf in _written_nodes(node)]
+    return any(_written_nodes(node) for node in gm.graph.nodes)
 
 
 def _written_nodes(node) -> list:

@@ -61,13 +61,16 @@ def plain(branch):
 class Traced(NamedTuple):
     """Branches traced into closure-free graphs of one make_fx session."""
 
-    # One GraphModule per branch, every one taking ``operands``.
-    graphs: list[torch.fx.GraphModule]
     # The operands given, then every closed-over tensor or SymInt a branch used,
     # deduplicated, in order of first use (branch by branch).
     operands: tuple
-    # The branches to hand to the operator in this session: the graphs as SessionGraphs.
+    # The branches to hand to the operator in this session: one GraphModule per
+    # branch, every one taking ``operands``, as SessionGraphs.
     branches: list[SessionGraph]
+
+    @property
+    def graphs(self) -> list[torch.fx.GraphModule]:
+        return [b.graph for b in self.branches]
 
 
 def functionalized(fn: Callable, mode, label: str) -> Callable:
@@ -132,7 +135,6 @@ def trace_branches(
     for gm, branch_lifted in traced:
         _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
     return Traced(
-        graphs,
         tuple(operands) + tuple(lifted.values()),
         session_graphs(graphs, labels, len(operands), parent_tracer, functional),
     )
