@@ -197,9 +197,8 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
                     union.setdefault(lift_key(outer), outer)
             traced = (variables().TensorVariable, variables().SymNodeVariable)
             operand_keys = [lift_key(vt.as_proxy()) for vt in operand_vts if isinstance(vt, traced)]
-            operand_keys = [k for k in dict.fromkeys(operand_keys) if k in union]
-            shared = [union[k] for k in operand_keys]
-            shared += [p for k, p in union.items() if k not in set(operand_keys)]
+            first = {k: union[k] for k in operand_keys if k in union}
+            shared = [*first.values(), *(p for k, p in union.items() if k not in first)]
             for _, _, graph, lifted, _ in speculated:
                 inner_by_key = {lift_key(o): inner for o, inner in lifted.items()}
                 first = next(n for n in graph.nodes if n.op != "placeholder")
