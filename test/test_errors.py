@@ -185,36 +185,6 @@ def test_sizes_may_only_differ_with_a_shape_env():
         cond(pred, lambda x: x[:2], lambda x: x, (m,))
 
 
-def test_traced_mutation_of_an_operand_is_refused():
-    def f(x, y):
-        def t(x, d):
-            d["b"].mul_(2)
-            return x + 1
-
-        return cond(x.sum() > 0, t, lambda x, d: x, (x, {"b": y}))
-
-    with pytest.raises(
-        BranchMutationError,
-        match=re.escape("true_fn writes in place to its input operands[1]['b']"),
-    ):
-        trace(f, x, torch.ones(2))
-
-
-def test_traced_mutation_of_a_closed_over_tensor_is_refused():
-    def f(x, y):
-        def t(x):
-            y.add_(1)
-            return x + 1
-
-        return cond(x.sum() > 0, t, lambda x: x, (x,))
-
-    with pytest.raises(
-        BranchMutationError,
-        match=r"true_fn writes in place to a tensor it closes over \(traced as .y_1., shape",
-    ):
-        trace(f, x, torch.ones(2))
-
-
 def test_user_exception_reaches_the_user_unchanged():
     class Boom(Exception):
         pass
@@ -262,9 +232,10 @@ def test_bad_input_leaves_inputs_untouched():
 
     with pytest.raises(CondArgumentError):
         cond(torch.tensor(True), t, t, (a, {"k": "not a tensor"}))
-    with pytest.raises(BranchMutationError):
+    with pytest.raises(BranchMutationError):  # a write through two aliasing operands
         make_fx(
-            lambda a: cond(a.sum() > 0, lambda a: a.add_(1), lambda a: a, (a,)), tracing_mode="fake"
+            lambda a: cond(a.sum() > 0, lambda a, b: a.add_(1), lambda a, b: a, (a, a)),
+            tracing_mode="fake",
         )(a)
     torch.testing.assert_close(a, before)
     assert a._version == version
@@ -289,16 +260,6 @@ def test_a_mismatch_is_caught_as_torch_cond_mismatches_are():
             lambda x: torch.cond(x.sum() > 0, lambda x: x, lambda x: x.double(), (x,)),
             tracing_mode="fake",
         )(x)
-
-
-def test_writes_through_out_keyword_are_refused():
-    def f(x):
-        return cond(x.sum() > 0, lambda a: torch.sin(a, out=a), lambda a: a * 2, (x,))
-
-    with pytest.raises(
-        BranchMutationError, match=re.escape("true_fn writes in place to its input operands[0]")
-    ):
-        trace(f, x)
 
 
 def test_writes_to_a_plain_tensor_attribute_are_refused_in_export():
@@ -393,9 +354,10 @@ def test_check_branches_catches_in_eager_what_export_would_refuse():
         match=r"branches\[0\] returns Tensor, branches\[1\] returns \(Tensor,\)",
     ):
         switch(torch.tensor(0), [lambda x: x, lambda x: (x,)], (x,), check_branches=True)
+    # The check traces every branch on fake tensors: the untaken branch's write is
+    # traced (export accepts it), not made.
     a = torch.ones(3)
-    with pytest.raises(BranchMutationError, match="false_fn writes in place to its input operands"):
-        cond(torch.tensor(True), lambda a: a + 1, lambda a: a.add_(5), (a,), check_branches=True)
+    cond(torch.tensor(True), lambda a: a + 1, lambda a: a.add_(5), (a,), check_branches=True)
     torch.testing.assert_close(a, torch.ones(3))
     # What export accepts passes, and the call then runs the taken branch for real.
     out = cond(torch.tensor(True), lambda x: x * w, lambda x: x[:2], (x,), check_branches=True)
@@ -454,27 +416,6 @@ def test_an_inner_conditional_names_its_own_output_paths():
         trace(f, x)
 
 
-@pytest.mark.parametrize("write", ["operand", "view of an operand"])
-def test_aot_autograd_refuses_a_write_to_an_operand_instead_of_dropping_it(write):
-    # Python functionalization (AOTAutograd) turns the write into a new value of the
-    # operand's wrapper; it must not vanish from the trace.
-    from functorch.compile import aot_function, nop
-
-    def inc(a, b):
-        (b if write == "operand" else b[:2]).add_(1)
-        return a * 2
-
-    def f(x, y):
-        return cond(x.sum() > 0, inc, lambda a, b: a - 1, (x, y))
-
-    y = torch.zeros(3)
-    with pytest.raises(
-        BranchMutationError, match=re.escape("true_fn writes in place to its input operands[1]")
-    ):
-        aot_function(f, nop)(torch.ones(3), y)
-    assert torch.equal(y, torch.zeros(3))
-
-
 def test_aot_autograd_refuses_a_branch_that_transposes_an_operand_in_place():
     from functorch.compile import aot_function, nop
 
@@ -505,16 +446,3 @@ def test_a_select_write_names_the_operand_path():
             torch.tensor(True), writes, lambda ops: ops["k"][0], ({"k": [a, b]},), strategy="select"
         )
     assert torch.equal(b, torch.ones(3))
-
-
-@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
-def test_make_fx_refuses_a_write_through_a_view_of_an_operand(mode):
-    def f(x, y):
-        return cond(x.sum() > 0, lambda a, b: (b[:2].mul_(3), a * 2)[1], lambda a, b: a, (x, y))
-
-    y = torch.zeros(3)
-    with pytest.raises(
-        BranchMutationError, match=re.escape("true_fn writes in place to its input operands[1]")
-    ):
-        make_fx(f, tracing_mode=mode)(torch.ones(3), y)
-    assert torch.equal(y, torch.zeros(3))

@@ -447,9 +447,21 @@ def functional_mode():
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)
 
 
+def new_functional_mode():
+    """A Python functionalization mode of its own, to functionalize one branch's trace
+    in the current make_fx session (at the pre-dispatch level in a pre-dispatch trace,
+    as export's training IR is); checked on 2.11-2.15."""
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    return FunctionalTensorMode(pre_dispatch=current_make_fx_tracer().pre_dispatch)
+
+
 def outside_functional_mode():
+    """The active FunctionalTensorMode set aside (nothing to do when none is active)."""
     from torch.utils._python_dispatch import _pop_mode_temporarily
 
+    if functional_mode() is None:
+        return contextlib.nullcontext()
     return _pop_mode_temporarily(torch._C._TorchDispatchModeKey.FUNCTIONAL)
 
 

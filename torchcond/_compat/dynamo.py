@@ -91,8 +91,12 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
         def _call_function(self, tx, args, kwargs):
             v = variables()
             args, kwargs = v.lazy.LazyVariableTracker.realize_all((args, kwargs))
-            if kwargs or len(args) < 3:
+            # ``may_write=False``: only dynamo sees this keyword (api's select path),
+            # for branches that all run, taken or not, so may not write outside.
+            may_write = kwargs.pop("may_write", v.ConstantVariable.create(True))
+            if kwargs or len(args) < 3 or not may_write.is_python_constant():
                 refuse("bad arguments", (args, kwargs))
+            may_write = bool(may_write.as_python_constant())
             selector, branch_vts, operands = args[0], list(args[1:-1]), args[-1]
             if not isinstance(operands, (v.ListVariable, v.TupleVariable)):
                 refuse("operands must be a tuple or list", operands)
@@ -111,7 +115,8 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
 
             names = labels(len(branch_vts))
             speculated = [
-                self._speculate(tx, name, b, operand_vts) for name, b in zip(names, branch_vts)
+                self._speculate(tx, name, b, operand_vts, may_write)
+                for name, b in zip(names, branch_vts)
             ]
             first_spec = speculated[0][1].treespec
             first_nones = speculated[0][1].masks_to_filter_const_values
@@ -154,7 +159,7 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
                 node = node.next
             return result
 
-        def _speculate(self, tx, name, branch, operand_vts):
+        def _speculate(self, tx, name, branch, operand_vts, may_write: bool):
             from torch._dynamo.exc import Unsupported
 
             hop._check_supported_callable_arg(tx, branch, name)
@@ -170,9 +175,11 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
                     # None outputs leave the graph and come back when the output is
                     # rebuilt, as in eager mode; any other constant is refused below.
                     remove_consts_from_outputs=True,
-                    # Writes to inputs are refused; an output that is (a view of) an
-                    # input is fine: tracing.py copies it when the graph is traced again.
-                    supports_input_mutation=False,
+                    # A write to an input (an operand, a buffer, a lifted tensor) stays
+                    # in the branch graph: tracing.py makes it an output and the rule
+                    # that records the conditional writes it back. An output that is
+                    # (a view of) an input is copied there too.
+                    supports_input_mutation=may_write,
                     supports_aliasing=True,
                 )
             except Unsupported as error:  # name the branch dynamo could not trace

@@ -345,10 +345,11 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
     if _dynamo_compiling():
         # Dynamo inlines the branches below, where no dispatch mode can refuse a write
         # from a branch that runs untaken. Calling the operator makes dynamo speculate
-        # each branch as a subgraph, which refuses writes to anything from outside it.
-        # Nothing reads the node: AOTAutograd (aot_eager, inductor) drops it; only
-        # the eager backend runs it, a Python `if` that gives the same values.
-        form.op(selector, *(fn for fn, _ in labelled_branches), operands)
+        # each branch as a subgraph, and ``may_write=False`` (a keyword only dynamo's
+        # hook reads) has it refuse writes to anything from outside it. Nothing reads
+        # the node: AOTAutograd (aot_eager, inductor) drops it; only the eager backend
+        # runs it, a Python `if` that gives the same values.
+        form.op(selector, *(fn for fn, _ in labelled_branches), operands, may_write=False)
     return run_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
 
 

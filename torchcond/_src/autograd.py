@@ -64,7 +64,7 @@ def autograd_rule(form: Form, selector, branches, operands):
             form, selector, drawn.forward, (drawn.replay, drawn.n_draws), *operands
         )
         return out[: len(out) - drawn.n_draws]
-    derivative = _derivative_source(branches, graphs, operands[n:])
+    derivative = _derivative_source(branches, lifted, operands[n:])
     return Conditional.apply(form, selector, tuple(lifted), derivative, *operands)
 
 
@@ -82,6 +82,11 @@ class UserCode(NamedTuple):
 
 def _derivative_source(branches, lifted, closed_over: tuple):
     """What derivatives differentiate when not the forward graphs ``lifted``."""
+    if getattr(lifted[0], "written", ()):
+        # The branches write to their inputs; the traced graphs return the new
+        # values instead, and a derivative that recomputes a branch may not write.
+        return None
+    lifted = [plain(b) for b in lifted]
     if all(closure_free(b) for b in branches):
         # Graphs as given (dynamo's call torch functions) are differentiated as they
         # are: a custom autograd.Function in them runs its own backward.

@@ -55,16 +55,17 @@ def lift(form: Form, branches, operands: tuple):
 
 
 def trace_in_session(
-    tracer, fns: Sequence[Callable], operands: tuple, labels: Sequence[str]
+    tracer, fns: Sequence[Callable], operands: tuple, labels: Sequence[str], mode=None
 ) -> Traced:
     """``tracing.trace_branches`` for functions called with autograd's view of the operands.
 
     The operands it returns are as autograd sees them, lifted closures last. Under
     functionalization the tracer knows the unwrapped tensors: the functions are
     traced as the Functionalize rule would trace them (which then passes the graphs
-    on), and what was lifted is mapped back to its functional wrapper.
+    on), and what was lifted is mapped back to its functional wrapper. ``mode``: the
+    functionalization mode, where it is not the active one (the Functionalize rule).
     """
-    mode = _compat.functional_mode()
+    mode = mode or _compat.functional_mode()
     if mode is None:
         return trace_branches(tracer, fns, operands, labels)
     wrappers = FunctionalWrappers()

@@ -24,12 +24,21 @@ from .._compat import inductor as _compat_inductor
 from ..errors import CondArgumentError, CondError
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
+from .closures import trace_in_session
 from .forms import Form, cond_form, pack, readable_on_host, switch_form, unpack
 from .merge import check_agreement, merge_branch_outputs
 from .pytrees import raise_named
 from .strategies import run_all_and_select
 from .subgraph import output_values
-from .tracing import functionalized, graphs_of, plain, trace_branches
+from .tracing import (
+    functionalized,
+    graphs_of,
+    pending_writes,
+    plain,
+    returning_writes,
+    trace_branches,
+    writes_of,
+)
 
 
 class CondOp(_compat.HigherOrderOperator):
@@ -104,7 +113,9 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     graphs = graphs_of(branches, tracer)
     if graphs is None:  # not traced in this session yet
         traced = trace_branches(tracer, branches, tuple(operands), form.labels(len(branches)))
-        graphs, operands = traced.graphs, traced.operands
+        graphs, operands, written = traced.graphs, traced.operands, traced.written
+    else:
+        written, _ = pending_writes(branches)
     if _compat.fake_mode_of(operands) is None:
         # Real tensors: the node's value below comes from the taken branch alone, so
         # check here that every branch's traced outputs agree, as the fake rule does.
@@ -119,26 +130,72 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     proxy_args = pytree.tree_map(tracer.unwrap_proxy, args)
     out_proxy = tracer.create_proxy("call_function", form.op, proxy_args, {})
     out = form.call_below_autograd(selector, graphs, operands)
-    return _compat.track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
+    out = _compat.track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
+    return _written_back(out, written, lambda w, new: _recorded_copy(mode, operands[w], new))
+
+
+def _written_back(out, written, write) -> tuple:
+    """The conditional's own outputs; the new values of the operands at ``written``,
+    returned after them, are written back with ``write(position, value)``."""
+    if not written:
+        return out
+    n = len(out) - len(written)
+    for w, new in zip(written, out[n:]):
+        write(w, new)
+    return tuple(out[:n])
+
+
+def _recorded_copy(mode, target: torch.Tensor, value: torch.Tensor) -> None:
+    with mode:  # the enclosing graph records the write, after the conditional
+        target.copy_(value)
+
+
+def _functional_copy(ctx, target: torch.Tensor, value: torch.Tensor) -> None:
+    """``target`` (a functional tensor) takes ``value`` as its new value, a mutation of
+    the graph's input where ``target`` is one (as auto_functionalize writes back)."""
+    ctx.replace(target, value)
+    ctx.commit_update(target)
+    ctx.sync(target)
 
 
 def _functionalize(form: Form, ctx, selector, branches, operands):
-    """Branches run functionalized; a write to an input shows up as a copy_ and is refused.
+    """Branches run functionalized; what they write to becomes extra outputs, written
+    back here to the functional tensors, so the program records input mutations.
 
     Branches the Autograd rule already traced functionalized in this session are
     passed on as they are, to be recorded without another trace.
     """
+    labels = form.labels(len(branches))
+    tracer = _compat.active_fx_tracer()
+    mode = getattr(ctx, "mode", None)
+    written: tuple = ()
+    if graphs_of(branches, tracer, functional=True) is not None:
+        written, branches = pending_writes(branches)
+    elif mode is not None and tracer is not None:
+        traced = trace_in_session(tracer, branches, tuple(operands), labels, mode)
+        operands, written = traced.operands, traced.written
+        _, branches = pending_writes(traced.branches)
+    elif mode is not None and not readable_on_host(selector):
+        # No trace (AOTAutograd's metadata pass): the writes are found by running the
+        # branches, so that the pass sees the same input mutations as the trace.
+        inner = ctx.unwrap_tensors(operands)
+        plain_branches = [_compat.run_with_interpreter(plain(b)) for b in branches]
+        written = writes_of(plain_branches, mode, labels, inner)
+        branches = [
+            returning_writes(b, mode, label, written) for b, label in zip(plain_branches, labels)
+        ]
+    else:
+        branches = [
+            _functionalized(ctx, _compat.run_with_interpreter(plain(b)), label)
+            for b, label in zip(branches, labels)
+        ]
     inner_operands = ctx.unwrap_tensors(operands)
     inner_selector = (
         ctx.unwrap_tensors(selector) if isinstance(selector, torch.Tensor) else selector
     )
-    if graphs_of(branches, _compat.active_fx_tracer(), functional=True) is None:
-        branches = [
-            _functionalized(ctx, _compat.run_with_interpreter(plain(b)), label)
-            for b, label in zip(branches, form.labels(len(branches)))
-        ]
     with ctx.redispatch_to_next():
         out = form.op(*pack(inner_selector, branches, inner_operands))
+    out = _written_back(out, written, lambda w, new: _functional_copy(ctx, operands[w], new))
     return ctx.wrap_tensors(out)
 
 

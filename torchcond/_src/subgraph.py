@@ -1,6 +1,8 @@
 """Checks and rewrites of a traced branch graph, read from its fake values.
 
-* No branch writes to its inputs (operands or lifted closures) or to graph constants.
+* A branch's writes to its inputs (operands or lifted closures) become outputs: the
+  new values, after the branch's own (``writes_as_outputs``).
+* No branch writes to graph constants.
 * No output aliases an input, a constant, or another output: such outputs are copied.
 * Where branches disagree on an output's strides, each returns it contiguous.
 """
@@ -23,28 +25,58 @@ def reject_input_writes(gm: torch.fx.GraphModule, label: str, n_operands: int) -
     The first ``n_operands`` placeholders are the conditional's operands, named in the
     message by their flat position; later ones are closures lifted into inputs.
     """
+    for root, i in _input_writes(gm):
+        why = (
+            "A traced branch may mutate its own intermediates and the tensors it is "
+            "given or closes over, not a constant of the program"
+        )
+        if i is not None and i < n_operands:
+            raise BranchMutationError.at(
+                "operand", i, f"{label} writes in place to its input {{path}}. {why}"
+            )
+        raise BranchMutationError(f"{label} writes in place to {_describe_root(root, i)}. {why}")
+
+
+def written_inputs(gm: torch.fx.GraphModule) -> set[int]:
+    """Positions of the placeholders some op writes to, directly or through a view."""
+    return {i for _, i in _input_writes(gm) if i is not None}
+
+
+def _input_writes(gm: torch.fx.GraphModule):
+    """``(root, placeholder position or None)`` for every write to an input or constant."""
     roots = _root_storages(gm)
+    placeholders = gm.graph.find_nodes(op="placeholder")
     for node in gm.graph.nodes:
         for arg in _written_nodes(node):
             # By storage, and by the chain of views in the graph: a trace on real
             # tensors may record fake values that share no storage with the input.
             root = roots.get(_storage(arg.meta.get("val"))) or _view_root(arg)
-            if root is None:
-                continue
-            placeholders = gm.graph.find_nodes(op="placeholder")
-            i = placeholders.index(root) if root in placeholders else None
-            why = (
-                "A traced branch may mutate its own intermediates, not its inputs: "
-                "return the new value as an output instead (eager calls run as a "
-                "Python `if` and allow it; traced ones cannot)"
-            )
-            if i is not None and i < n_operands:
-                raise BranchMutationError.at(
-                    "operand", i, f"{label} writes in place to its input {{path}}. {why}"
-                )
-            raise BranchMutationError(
-                f"{label} writes in place to {_describe_root(root, i)}. {why}"
-            )
+            if root is not None:
+                yield root, placeholders.index(root) if root in placeholders else None
+
+
+def writes_as_outputs(gm: torch.fx.GraphModule, written: Sequence[int]) -> None:
+    """Return the new values of the inputs at ``written`` after the graph's outputs.
+
+    ``gm`` is functionalized: its only writes are the trailing ``copy_(input, value)``
+    functionalization adds for each input it wrote. Those become outputs; an input in
+    ``written`` that this graph leaves alone is returned as it is (the old value, which
+    ``copy_aliased_outputs`` then copies).
+    """
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    new_value: dict[int, torch.fx.Node] = {}
+    for node in list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)):
+        target, value = node.args[0], node.args[1]
+        if target in placeholders and not node.users:
+            new_value[placeholders.index(target)] = value
+            gm.graph.erase_node(node)
+    if not set(new_value) <= set(written):
+        raise AssertionError(f"writes to inputs {sorted(new_value)} not all in {written}")
+    output = gm.graph.find_nodes(op="output")[0]
+    extra = tuple(new_value.get(i, placeholders[i]) for i in written)
+    output.args = (tuple(output.args[0]) + extra,)
+    gm.graph.lint()
+    gm.recompile()
 
 
 def copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:

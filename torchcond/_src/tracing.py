@@ -29,14 +29,19 @@ class SessionGraph:
     session, the proxy rule records ``graph`` as it is instead of tracing it again
     (and the Functionalize rule passes it on when it was traced functionalized);
     anywhere else it is the function its graph computes.
+
+    ``written``: the positions of the operands the branch writes to. The graph writes
+    to none of them: it returns their new values after its own outputs, and the rule
+    that records the conditional writes them back (``pending_writes``).
     """
 
-    __slots__ = ("__name__", "functional", "graph", "tracer")
+    __slots__ = ("__name__", "functional", "graph", "tracer", "written")
 
-    def __init__(self, graph: torch.fx.GraphModule, tracer, functional: bool):
+    def __init__(self, graph: torch.fx.GraphModule, tracer, functional: bool, written: tuple = ()):
         self.graph = graph
         self.tracer = tracer
         self.functional = functional
+        self.written = written
         self.__name__ = "session_graph"
 
     def __call__(self, *args):
@@ -53,6 +58,16 @@ def graphs_of(branches, tracer, functional: bool | None = None):
     return [b.graph for b in branches]
 
 
+def pending_writes(branches) -> tuple[tuple[int, ...], list]:
+    """The operand positions whose new values ``branches`` return last, and the
+    branches handed on once the caller takes on writing them back: the same graphs,
+    whose extra outputs are then plain outputs to the rules below."""
+    written = getattr(branches[0], "written", ())
+    if not written:
+        return (), list(branches)
+    return written, [SessionGraph(b.graph, b.tracer, b.functional) for b in branches]
+
+
 def plain(branch):
     """A branch as the function it is: a ``SessionGraph``'s graph, anything else as is."""
     return branch.graph if isinstance(branch, SessionGraph) else branch
@@ -67,6 +82,9 @@ class Traced(NamedTuple):
     # The branches to hand to the operator in this session: one GraphModule per
     # branch, every one taking ``operands``, as SessionGraphs.
     branches: list[SessionGraph]
+    # The positions in ``operands`` of the tensors some branch writes to. Every graph
+    # returns their new values after its own outputs, in this order.
+    written: tuple[int, ...] = ()
 
     @property
     def graphs(self) -> list[torch.fx.GraphModule]:
@@ -80,31 +98,70 @@ def functionalized(fn: Callable, mode, label: str) -> Callable:
     Functionalization turns a write to an input into a new value of the input's
     wrapper, which the trace would otherwise drop. As C++ functionalization does, the
     new value is written back at the end (``input.copy_(value)``), so the write shows
-    in the branch's graph. A change of an input's sizes or strides in place cannot be
-    written back and is refused here.
+    in the branch's graph, where ``trace_branches`` makes it an output. A change of an
+    input's sizes or strides in place cannot be written back and is refused here.
     """
 
     def run(*args):
-        with _compat.functionalize_key_excluded(), mode:
-            wrapped = [_compat.to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
-            out = fn(*wrapped)
-            out = pytree.tree_map(_compat.from_functional, out)
-            written = []
-            for i, (arg, wrapper) in enumerate(zip(args, wrapped)):
-                data, metadata = _compat.mutated_in_place(wrapper)
-                if metadata:
-                    raise BranchMutationError.at(
-                        "operand",
-                        i,
-                        f"{label} changes the sizes or strides of its input {{path}} in place "
-                        "(resize_, t_, as_strided_, ...), which a traced conditional cannot "
-                        "do: return the reshaped value instead",
-                    )
-                if data:
-                    written.append((arg, _compat.from_functional(wrapper)))
-        for arg, value in written:
-            arg.copy_(value)
+        out, written = run_functionalized(fn, mode, label, args)
+        for i, value in written:
+            args[i].copy_(value)
         return out
+
+    return run
+
+
+def run_functionalized(fn: Callable, mode, label: str, args: tuple):
+    """``fn(*args)`` functionalized by ``mode``: its outputs, and ``(position, new
+    value)`` for each input it wrote to, as plain tensors; the inputs are left as they
+    were."""
+    # A real tensor among fake ones is a constant the branch made (``torch.tensor([1])``,
+    # lifted): it stays as it is, as fake tensors take constants.
+    fake = _compat.fake_mode_of(args) is not None
+    with _compat.functionalize_key_excluded(), mode:
+        wrapped = [
+            _compat.to_functional(a)
+            if isinstance(a, torch.Tensor) and not (fake and _compat.is_real_tensor(a))
+            else a
+            for a in args
+        ]
+        out = fn(*wrapped)
+        out = pytree.tree_map(_compat.from_functional, out)
+        written = []
+        for i, wrapper in enumerate(wrapped):
+            if not isinstance(wrapper, torch.Tensor):
+                continue
+            data, metadata = _compat.mutated_in_place(wrapper)
+            if metadata:
+                raise BranchMutationError.at(
+                    "operand",
+                    i,
+                    f"{label} changes the sizes or strides of its input {{path}} in place "
+                    "(resize_, t_, as_strided_, ...), which a traced conditional cannot "
+                    "do: return the reshaped value instead",
+                )
+            if data:
+                written.append((i, _compat.from_functional(wrapper)))
+    return out, written
+
+
+def writes_of(fns: Sequence[Callable], mode, labels: Sequence[str], args: tuple) -> tuple:
+    """The positions of the inputs some of ``fns`` writes to, found by running each
+    functionalized by ``mode`` (on fake tensors: nothing is written)."""
+    written: set[int] = set()
+    for fn, label in zip(fns, labels):
+        written.update(i for i, _ in run_functionalized(fn, mode, label, args)[1])
+    return tuple(sorted(written))
+
+
+def returning_writes(fn: Callable, mode, label: str, written: Sequence[int]) -> Callable:
+    """``fn`` functionalized by ``mode``, returning the new values of its inputs at
+    ``written`` (the old value where it leaves one alone) after its own outputs."""
+
+    def run(*args):
+        out, new = run_functionalized(fn, mode, label, args)
+        new_values = dict(new)
+        return (*out, *(new_values.get(i, args[i]) for i in written))
 
     return run
 
@@ -134,10 +191,93 @@ def trace_branches(
     graphs = [gm for gm, _ in traced]
     for gm, branch_lifted in traced:
         _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
-    return Traced(
-        tuple(operands) + tuple(lifted.values()),
-        session_graphs(graphs, labels, len(operands), parent_tracer, functional),
+    every_operand = tuple(operands) + tuple(lifted.values())
+    graphs, written = _writes_as_outputs(
+        graphs, every_operand, len(operands), labels, parent_tracer, functional
     )
+    return Traced(
+        every_operand,
+        session_graphs(graphs, labels, len(operands), parent_tracer, functional, written),
+        written,
+    )
+
+
+def _writes_as_outputs(
+    graphs, operands: tuple, n_operands: int, labels, parent_tracer, functional: bool
+):
+    """Graphs that write to none of their inputs, returning the new values of those
+    some branch writes to (cond_v2's "mutated variables become outputs").
+
+    A graph that writes to an input is traced again functionalized, unless it was
+    traced so: its only writes are then the trailing ``copy_``s functionalization
+    adds, which ``subgraph.writes_as_outputs`` turns into outputs.
+    """
+    writes = [subgraph.written_inputs(gm) for gm in graphs]
+    if not any(writes):
+        return graphs, ()
+    if not functional:
+        graphs = [
+            _functional_retrace(gm, operands, parent_tracer, label) if mine else gm
+            for gm, mine, label in zip(graphs, writes, labels)
+        ]
+        # Functionalization may find more: an op whose schema does not show its write
+        # (a pre-dispatch trace's batch_norm updates its running statistics).
+        writes = [subgraph.written_inputs(gm) for gm in graphs]
+    written = tuple(sorted(set().union(*writes)))
+    _check_writable(operands, n_operands, written, labels, writes)
+    for gm in graphs:
+        subgraph.writes_as_outputs(gm, written)
+    return graphs, written
+
+
+def _functional_retrace(gm, operands: tuple, parent_tracer, label: str) -> torch.fx.GraphModule:
+    fn = functionalized(_replaying(gm), _compat.new_functional_mode(), label)
+    retraced, _ = trace_lifting(fn, operands, parent_tracer, user_stack_traces=False)
+    return retraced
+
+
+def _replaying(gm: torch.fx.GraphModule) -> Callable:
+    """``gm`` run node by node, each node's meta (its stack trace) current while it runs,
+    so that a trace of it records the same."""
+    from torch.fx import traceback as fx_traceback
+
+    def run(*args):
+        with fx_traceback.preserve_node_meta():
+            return torch.fx.Interpreter(gm).run(*args)
+
+    return run
+
+
+def _check_writable(operands: tuple, n_operands: int, written, labels, writes) -> None:
+    """Refuse writes that cannot be written back as a Python ``if`` would make them."""
+    for w in written:
+        label = next(lab for lab, mine in zip(labels, writes) if w in mine)
+        target = operands[w]
+        aliased = any(
+            j != w
+            and isinstance(other, torch.Tensor)
+            and _compat.storage_key(other) == _compat.storage_key(target)
+            for j, other in enumerate(operands)
+        )
+        if aliased:
+            why = (
+                "which shares memory with another tensor the conditional receives. Each "
+                "is traced as an input of its own, so the write could not reach the other "
+                "as it does in eager: pass the tensor once"
+            )
+        elif _compat.is_real_tensor(target) and _compat.fake_mode_of(operands) is not None:
+            why = (
+                "a real tensor in a trace on fake tensors: the traced program holds it as "
+                "a constant and cannot write to it. Pass it as an operand, or make it a "
+                "buffer of the module being traced"
+            )
+        else:
+            continue
+        message = f"{label} writes in place to {{path}}, {why}"
+        if w < n_operands:
+            raise BranchMutationError.at("operand", w, message)
+        shape = tuple(target.shape)
+        raise BranchMutationError(message.format(path=f"a tensor it closes over (shape {shape})"))
 
 
 def session_graphs(
@@ -146,6 +286,7 @@ def session_graphs(
     n_operands: int,
     tracer,
     functional: bool,
+    written: tuple = (),
 ) -> list[SessionGraph]:
     """Graphs just traced in ``tracer``'s session, checked and made fit to record as
     one conditional: none writes to its inputs, none returns an alias of an input,
@@ -159,7 +300,8 @@ def session_graphs(
         subgraph.copy_aliased_outputs(gm)
     subgraph.align_output_layouts(graphs)
     return [
-        SessionGraph(gm, tracer, functional or not subgraph.writes_in_place(gm)) for gm in graphs
+        SessionGraph(gm, tracer, functional or not subgraph.writes_in_place(gm), written)
+        for gm in graphs
     ]
 
 

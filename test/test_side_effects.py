@@ -1,0 +1,342 @@
+"""In-place writes inside branches: to operands, views of them, closed-over tensors and
+module buffers. Every mode must give what a Python ``if`` gives: the taken branch's
+writes land, the untaken branch's do not. The reference is the eager call, which is
+that ``if``."""
+
+from __future__ import annotations
+
+import copy
+import io
+import re
+
+import pytest
+import torch
+from torch.export import Dim
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchcond import BranchMutationError, cond, switch
+
+BACKENDS = pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+STRICTNESS = pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
+TRACING = pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+
+
+# Each takes (x, y), writes to y (or a view of it) in some branch, and returns a value.
+def writes_operand(x, y):
+    def t(x, y):
+        y.add_(1)
+        return x + 1
+
+    return cond(x.sum() > 0, t, lambda x, y: x - 1, (x, y))
+
+
+def writes_a_view(x, y):
+    def t(x, y):
+        y[:2].mul_(3)
+        return x * 2
+
+    return cond(x.sum() > 0, t, lambda x, y: x, (x, y))
+
+
+def writes_a_closure(x, y):
+    def t(x):
+        y[1:2].copy_(x[:1] * 10)
+        return x + 1
+
+    def f(x):
+        y.sub_(x.sum())
+        return x * 2
+
+    return cond(x.sum() > 0, t, f, (x,))
+
+
+def writes_through_out(x, y):
+    return cond(x.sum() > 0, lambda a, b: (torch.sin(a, out=b), a + b)[1], lambda a, b: a, (x, y))
+
+
+def writes_in_a_nested_branch(x, y):
+    def inner(x, y):
+        def deeper(x, y):
+            y.add_(x)
+            return x.clone()
+
+        return cond(x.mean() > 1, deeper, lambda x, y: x * 0, (x, y)) + 1
+
+    return cond(x.sum() > 0, inner, lambda x, y: x - 1, (x, y))
+
+
+def switch_writes_different_tensors(x, y):
+    def b0(x, y):
+        y.fill_(7)
+        return x
+
+    def b1(x, y):
+        x_plus = x + 1
+        y.add_(x_plus)
+        return x_plus
+
+    def b2(x, y):
+        return x * 3
+
+    return switch(x.sum().long(), [b0, b1, b2], (x.clone(), y))
+
+
+WRITERS = pytest.mark.parametrize(
+    "fn",
+    [
+        writes_operand,
+        writes_a_view,
+        writes_a_closure,
+        writes_through_out,
+        writes_in_a_nested_branch,
+        switch_writes_different_tensors,
+    ],
+)
+# Inputs that take every branch of the functions above.
+INPUTS = [
+    torch.tensor([1.0, 2.0, 3.0]),  # sum 6: true (nested: true, then mean 2 > 1)
+    torch.tensor([0.2, 0.3, 0.1]),  # sum 0.6: true; nested: mean 0.2, inner false; switch 0
+    torch.tensor([-1.0, -2.0, 0.5]),  # sum < 0: false; switch clamps to 0
+    torch.tensor([0.5, 0.5, 0.25]),  # sum 1.25: switch 1
+]
+
+
+def _check_against_eager(fn, run) -> None:
+    """``run(x, y)`` gives ``fn``'s outputs and leaves ``y`` as the eager call does."""
+    for x in INPUTS:
+        y_ref, y = torch.arange(3.0), torch.arange(3.0)
+        expected = fn(x, y_ref)
+        torch.testing.assert_close(run(x, y), expected)
+        torch.testing.assert_close(y, y_ref, msg=lambda m, x=x: f"written tensor, x={x}: {m}")
+
+
+@WRITERS
+@TRACING
+def test_make_fx_applies_the_taken_branch_writes(fn, mode):
+    y = torch.arange(3.0)
+    gm = make_fx(fn, tracing_mode=mode)(INPUTS[0], y)
+    if mode != "real":  # tracing on fake tensors writes nothing real
+        assert torch.equal(y, torch.arange(3.0))
+    # The branch graphs write nothing: every write is the enclosing graph's.
+    for name, module in gm.named_modules():
+        if name:
+            for node in module.graph.nodes:
+                if node.op == "call_function" and hasattr(node.target, "_schema"):
+                    assert not node.target._schema.is_mutable, (name, node.format_node())
+    _check_against_eager(fn, gm)
+
+
+@WRITERS
+@BACKENDS
+def test_compile_applies_the_taken_branch_writes(fn, backend):
+    torch._dynamo.reset()
+    _check_against_eager(fn, torch.compile(fn, backend=backend, fullgraph=True))
+
+
+def test_functionalized_trace_applies_the_writes():
+    from functorch.compile import aot_function, nop
+
+    for fn in (writes_operand, writes_a_view, writes_through_out):
+        _check_against_eager(fn, aot_function(fn, nop))
+
+
+class KVCache(torch.nn.Module):
+    """A decoder-style cache written in one branch behind a data-dependent predicate."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(8, 4))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x, pos, seen):
+        def prefill(x, pos, seen):
+            self.cache.index_copy_(0, pos, x)
+            self.steps.add_(1)
+            seen.add_(1)
+            return x.sum(0) + self.cache.sum(0)
+
+        def decode(x, pos, seen):
+            return self.cache.sum(0) - x.sum(0)
+
+        return cond(x.sum() > 0, prefill, decode, (x, pos, seen))
+
+
+def _kv_inputs(rows: int):
+    return [
+        (torch.ones(rows, 4), torch.arange(rows), torch.zeros(rows)),
+        (-torch.ones(rows, 4), torch.arange(rows), torch.zeros(rows)),
+        (torch.full((rows, 4), 2.0), torch.arange(rows) + 1, torch.zeros(rows)),
+    ]
+
+
+def _check_module_against_eager(model, run, inputs) -> None:
+    reference = copy.deepcopy(model)
+    for x, pos, seen in inputs:
+        seen_ref = seen.clone()
+        expected = reference(x, pos, seen_ref)
+        torch.testing.assert_close(run(x, pos, seen), expected)
+        torch.testing.assert_close(seen, seen_ref)
+        for (name, got), (_, want) in zip(model.named_buffers(), reference.named_buffers()):
+            torch.testing.assert_close(got, want, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@STRICTNESS
+def test_export_records_buffer_and_input_mutations(strict):
+    model = KVCache()
+    rows = Dim("rows", min=1, max=8)
+    ep = torch.export.export(
+        model,
+        _kv_inputs(2)[0],
+        dynamic_shapes=({0: rows}, {0: rows}, {0: rows}),
+        strict=strict,
+    )
+    decomposed = ep.run_decompositions()
+    signature = decomposed.graph_signature
+    assert set(signature.buffers_to_mutate.values()) == {"cache", "steps"}
+    assert set(signature.user_inputs_to_mutate.values()) == {"seen"}
+    buffer = io.BytesIO()
+    torch.export.save(decomposed, buffer)
+    buffer.seek(0)
+    for program in (ep, decomposed, torch.export.load(buffer)):
+        module = program.module()
+        _check_module_against_eager(module, module, _kv_inputs(3))
+
+
+@BACKENDS
+def test_compiled_module_updates_its_buffers(backend):
+    torch._dynamo.reset()
+    model = KVCache()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    _check_module_against_eager(model, compiled, _kv_inputs(2) + _kv_inputs(3))
+
+
+class EarlyExit(torch.nn.Module):
+    """BatchNorm in training mode in one branch: its running statistics are buffer writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(4)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return cond(
+            x.sum() > 0,
+            lambda x: self.head(torch.relu(self.bn(x))),
+            lambda x: self.head(x),
+            (x,),
+        )
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_batchnorm_in_a_branch_trains_as_eager(backend):
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = EarlyExit()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    for shift in (1.0, -3.0, 2.0):
+        x = torch.randn(6, 4) + shift
+        out, expected = compiled(x), reference(x)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        for (name, got), (_, want) in zip(model.named_buffers(), reference.named_buffers()):
+            torch.testing.assert_close(got, want, msg=lambda m, name=name: f"{name}: {m}")
+        for (name, got), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
+            torch.testing.assert_close(got.grad, want.grad, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_export_of_batchnorm_in_a_branch():
+    model = EarlyExit()
+    x = torch.randn(5, 4) + 1
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim("batch", min=2)},))
+    signature = ep.run_decompositions().graph_signature
+    assert set(signature.buffers_to_mutate.values()) == {
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+    }
+    reference = copy.deepcopy(model)
+    module = ep.module()
+    for x in (torch.randn(7, 4) + 2, torch.randn(3, 4) - 2):
+        torch.testing.assert_close(module(x), reference(x))
+        torch.testing.assert_close(module.bn.running_mean, reference.bn.running_mean)
+
+
+def test_gradients_through_a_writing_branch_equal_eager():
+    from functorch.compile import aot_function, nop
+
+    def f(x, w, y):
+        def t(x, w, y):
+            y.add_(x.detach())
+            return (x * w).sin()
+
+        return cond(x.sum() > 0, t, lambda x, w, y: x * w * 2, (x, w, y))
+
+    for x in INPUTS[:3]:
+        results = []
+        for run in (f, aot_function(f, nop)):
+            xs, w, y = x.clone().requires_grad_(), torch.ones(3, requires_grad=True), torch.zeros(3)
+            run(xs, w, y).sum().backward()
+            results.append((xs.grad, w.grad, y))
+        torch.testing.assert_close(results[0], results[1])
+
+
+def test_aliased_operands_cannot_both_be_traced():
+    def f(x):
+        def t(a, b):
+            a.add_(1)
+            return b * 2
+
+        return cond(x.sum() > 0, t, lambda a, b: b, (x, x[:2]))
+
+    x = torch.ones(3)
+    with pytest.raises(
+        BranchMutationError,
+        match=re.escape("true_fn writes in place to operands[0], which shares memory with"),
+    ):
+        make_fx(f, tracing_mode="fake")(x)
+    assert torch.equal(x, torch.ones(3))
+
+
+def test_a_write_to_a_leaf_that_requires_grad_is_refused_as_eager_refuses_it():
+    w = torch.ones(3, requires_grad=True)
+
+    def f(x):
+        def t(x):
+            w.add_(1)
+            return x * w
+
+        return cond(x.sum() > 0, t, lambda x: x * 2, (x,))
+
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        f(torch.ones(3))
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            torch.compile(f, backend=backend, fullgraph=True)(torch.ones(3))
+    assert torch.equal(w, torch.ones(3))
+
+
+@BACKENDS
+def test_parameters_may_be_written_under_no_grad(backend):
+    class Decay(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            def t(x):
+                self.lin.weight.mul_(0.5)
+                return self.lin(x)
+
+            return cond(x.sum() > 0, t, self.lin, (x,))
+
+    torch._dynamo.reset()
+    model = Decay()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for x in (torch.ones(3), -torch.ones(3), torch.ones(3)):
+            torch.testing.assert_close(compiled(x), reference(x))
+            torch.testing.assert_close(model.lin.weight, reference.lin.weight)
