@@ -226,46 +226,73 @@ def _inc(x):
     return x
 
 
+def _cond_select(p, x):
+    return cond(p, _inc, lambda x: x * 2, (x,), strategy="select")
+
+
+def _switch_select(p, x):
+    return switch(p.long(), [lambda x: x * 2, _inc], (x,), strategy="select")
+
+
+def _vmap_per_example(p, x):
+    return torch.vmap(lambda p, r: cond(p, _inc, lambda r: r * 2, (r,)))(p, x)
+
+
+# name -> (program, tracing mode or None for eager); x is (2, 3), p is (2,) for vmap
 _RUN_ALL = {
-    "cond select": lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select"),
-    "switch select": lambda p, x: switch(
-        p.long(), [lambda x: x * 2, _inc], (x,), strategy="select"
-    ),
-    "make_fx select": lambda p, x: make_fx(
-        lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select")
-    )(p, x),
-    "make_fx fake select": lambda p, x: make_fx(
-        lambda p, x: cond(p, _inc, lambda x: x * 2, (x,), strategy="select"), tracing_mode="fake"
-    )(p, x),
-    "vmap per example": lambda p, x: torch.vmap(lambda p, r: cond(p, _inc, lambda r: r * 2, (r,)))(
-        p.expand(2).clone(), x.expand(2, 3).clone()
-    ),
+    "cond select": (_cond_select, None),
+    "switch select": (_switch_select, None),
+    "make_fx select": (_cond_select, "real"),
+    "make_fx fake select": (_cond_select, "fake"),
+    "vmap per example": (_vmap_per_example, None),
+    "make_fx fake vmap per example": (_vmap_per_example, "fake"),
 }
 
 
 @pytest.mark.parametrize("how", list(_RUN_ALL))
 @pytest.mark.parametrize("taken", [True, False])
-def test_a_branch_that_runs_untaken_may_not_write_to_its_inputs(how, taken):
-    # A Python `if` would write only when the branch is taken; running every branch
-    # would write either way. Refused before the write, so nothing changes.
-    from torchcond import BranchMutationError
+def test_a_branch_that_runs_untaken_writes_only_where_taken(how, taken):
+    # Every branch runs, but a write lands only where its branch is taken, as with a
+    # Python `if`: each written operand is selected like an output.
+    program, mode = _RUN_ALL[how]
+    p = torch.tensor([taken, taken]) if "vmap" in how else torch.tensor(taken)
+    x = torch.full((2, 3), 2.0)
+    run = program
+    if mode is not None:
+        traced_on = torch.full((2, 3), 5.0)
+        run = make_fx(program, tracing_mode=mode)(
+            torch.tensor(True) if "vmap" not in how else torch.tensor([True, False]), traced_on
+        )
+        if mode == "fake":
+            torch.testing.assert_close(traced_on, torch.full((2, 3), 5.0))
+    out = run(p, x)
+    want = 3.0 if taken else 2.0
+    torch.testing.assert_close(x, torch.full((2, 3), want))
+    torch.testing.assert_close(out, torch.full((2, 3), want if taken else 4.0))
 
-    x = torch.full((3,), 2.0)
-    with pytest.raises(
-        BranchMutationError,
-        match=r"(true_fn|branches\[1\]) writes in place \(aten.add_.Tensor\) to its input operands\[0\], but every branch runs",
-    ):
-        _RUN_ALL[how](torch.tensor(taken), x)
-    torch.testing.assert_close(x, torch.full((3,), 2.0))
 
-
-def test_vmap_per_example_write_to_a_batched_operand_leaves_every_row():
-    from torchcond import BranchMutationError
-
+def test_vmap_per_example_write_lands_in_the_taken_rows():
     xs = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
-    with pytest.raises(BranchMutationError, match="every branch runs"):
-        torch.vmap(lambda r: cond(r.sum() > 0, _inc, lambda r: r * 2, (r,)))(xs)
-    torch.testing.assert_close(xs, torch.tensor([[1.0, 1.0], [-1.0, -1.0]]))
+    out = torch.vmap(lambda r: cond(r.sum() > 0, _inc, lambda r: r * 2, (r,)))(xs)
+    torch.testing.assert_close(xs, torch.tensor([[2.0, 2.0], [-1.0, -1.0]]))
+    torch.testing.assert_close(out, torch.tensor([[2.0, 2.0], [-2.0, -2.0]]))
+
+
+def test_vmap_per_example_write_to_an_unbatched_operand_is_refused():
+    from torchcond import BranchMutationError
+
+    flags, w = torch.tensor([True, False]), torch.zeros(3)
+    with pytest.raises(BranchMutationError, match=r"operands\[0\], which is not batched"):
+        torch.vmap(lambda p: cond(p, _inc, lambda r: r * 2, (w,)))(flags)
+    torch.testing.assert_close(w, torch.zeros(3))
+
+
+def test_a_select_write_to_an_operand_that_needs_a_gradient_is_refused():
+    from torchcond import BranchMutationError
+
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(BranchMutationError, match=r"operands\[0\], which needs a gradient"):
+        cond(torch.tensor(True), lambda x: x.add_(1), lambda x: x * 2, (x * 1,), strategy="select")
 
 
 def test_a_branch_that_runs_untaken_may_not_write_to_a_closed_over_tensor():

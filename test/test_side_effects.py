@@ -340,3 +340,91 @@ def test_parameters_may_be_written_under_no_grad(backend):
         for x in (torch.ones(3), -torch.ones(3), torch.ones(3)):
             torch.testing.assert_close(compiled(x), reference(x))
             torch.testing.assert_close(model.lin.weight, reference.lin.weight)
+
+
+def _writes_and_differentiates(x, w, y):
+    def t(x, w, y):
+        y.add_(x.detach())
+        return (x * w).sin()
+
+    return cond(x.sum() > 0, t, lambda x, w, y: (x * w * 2).cos(), (x, w, y))
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_traced_derivatives_of_a_writing_branch_equal_eager(mode):
+    import torch.autograd.forward_ad as fwAD
+
+    def gradient(x, w, y):
+        return torch.autograd.grad(_writes_and_differentiates(x, w, y).sum(), (x, w))
+
+    def second(x, w, y):
+        (g,) = torch.autograd.grad(
+            _writes_and_differentiates(x, w, y).sum(), (x,), create_graph=True
+        )
+        return torch.autograd.grad(g.sum(), (x,))
+
+    def forward_mode(x, w, y):
+        with fwAD.dual_level():
+            out = _writes_and_differentiates(fwAD.make_dual(x, torch.ones_like(x)), w, y)
+            return fwAD.unpack_dual(out).tangent
+
+    def inputs(x):
+        return x.clone().requires_grad_(), torch.linspace(0.5, 1.5, 3, requires_grad=True)
+
+    for program in (gradient, second, forward_mode):
+        gm = make_fx(program, tracing_mode=mode)(*inputs(INPUTS[0]), torch.zeros(3))
+        for x in INPUTS[:3]:
+            y_traced, y_eager = torch.zeros(3), torch.zeros(3)
+            torch.testing.assert_close(
+                gm(*inputs(x), y_traced), program(*inputs(x), y_eager), msg=program.__name__
+            )
+            torch.testing.assert_close(y_traced, y_eager, msg=program.__name__)
+
+
+@pytest.mark.parametrize("decompose", [False, True], ids=["training_ir", "decomposed"])
+def test_lowered_to_select_the_written_values_are_selected(decompose):
+    from torchcond.passes import lower_to_select
+
+    model = KVCache()
+    ep = torch.export.export(model, _kv_inputs(2)[0])
+    if decompose:
+        ep = ep.run_decompositions()
+    lowered = lower_to_select(ep)
+    assert "torchcond_cond" not in str(lowered.graph_module.code)
+    module = lowered.module()
+    _check_module_against_eager(module, module, _kv_inputs(2))
+
+
+def test_select_strategy_and_per_example_vmap_select_the_written_values():
+    def f(p, x, y):
+        def t(x, y):
+            y[:1].add_(x[:1])
+            return x * 2
+
+        return cond(p, t, lambda x, y: x + y, (x, y), strategy="select")
+
+    for taken in (True, False):
+        y_ref, y = torch.zeros(3), torch.zeros(3)
+        x = torch.arange(3.0)
+        expected = _python_if(taken, x, y_ref)
+        torch.testing.assert_close(f(torch.tensor(taken), x, y), expected)
+        torch.testing.assert_close(y, y_ref)
+
+    flags = torch.tensor([True, False, True])
+    xs, ys = torch.arange(9.0).view(3, 3), torch.zeros(3, 3)
+    ys_ref = ys.clone()
+    expected = torch.stack([_python_if(bool(p), x, y) for p, x, y in zip(flags, xs, ys_ref)])
+    out = torch.vmap(
+        lambda p, x, y: cond(
+            p, lambda x, y: _python_if(True, x, y), lambda x, y: _python_if(False, x, y), (x, y)
+        )
+    )(flags, xs, ys)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(ys, ys_ref)
+
+
+def _python_if(taken: bool, x, y):
+    if taken:
+        y[:1].add_(x[:1])
+        return x * 2
+    return x + y

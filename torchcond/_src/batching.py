@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .. import _compat
+from ..errors import BranchMutationError
 from .forms import Form
 from .strategies import run_all_and_select, run_every_branch, select_outputs
 
@@ -29,15 +30,21 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
         # that tensors a branch closes over are batched as its operands are; the
         # select runs below it, on the batch's own tensors.
         labels = form.labels(len(branches))
-        which, first, outputs = run_every_branch(form, selector, branches, operands, labels)
+        which, first, outputs, written = run_every_branch(
+            form, selector, branches, operands, labels
+        )
         size = interpreter.batch_size()
         which, first = (
             _batch_first(t, level, size) if t is not None else None for t in (which, first)
         )
         outputs = [[_batch_first(t, level, size) for t in outs] for outs in outputs]
+        targets = [_written_per_example(operands[i], i, level, labels) for i in written]
         with interpreter.lower():
             out = select_outputs(which, first, outputs)
-        return tuple(_compat.batch(t, 0, level) for t in out)
+            n = len(out) - len(written)
+            for target, value in zip(targets, out[n:]):
+                target.copy_(value)
+        return tuple(_compat.batch(t, 0, level) for t in out[:n])
     tensors, in_dims = _unbatch_all(operands, level)
     selector, selector_dim = _compat.unbatch(selector, level)
     with interpreter.lower():
@@ -99,6 +106,25 @@ def run_all_and_select_batched(
     dims = tuple(0 if isinstance(t, torch.Tensor) else None for t in inputs)
     mapped = vmapped_branches(branches, dims, randomness)
     return run_all_and_select(form, selector, mapped, inputs, form.labels(len(branches)))
+
+
+def _written_per_example(operand: torch.Tensor, i: int, level: int, labels) -> torch.Tensor:
+    """The batch's own tensor of an operand a branch writes to, batch dimension first.
+
+    Each example takes its own branch's value: an operand without a batch dimension
+    at this level has no room for them, as a Python ``if`` under vmap would find.
+    """
+    physical, dim = _compat.unbatch(operand, level)
+    if dim is None:
+        raise BranchMutationError.at(
+            "operand",
+            i,
+            f"a branch ({' or '.join(labels)}) writes in place to {{path}}, which is not "
+            "batched, but the selector is: each example takes its own branch, so the "
+            "written value differs per example. Batch the operand (in_dims), or return "
+            "the new value instead",
+        )
+    return physical.movedim(dim, 0)
 
 
 def _batch_first(t: torch.Tensor, level: int, size: int) -> torch.Tensor:

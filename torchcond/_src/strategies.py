@@ -33,7 +33,7 @@ from .. import _compat
 from ..errors import BranchMismatchError, CondArgumentError
 from . import select_ops
 from .forms import Form, python_scalar
-from .write_guard import refusing_outside_writes
+from .write_guard import BranchWrites, needs_grad, recording_writes
 
 # The accepted values, for type checkers (cond/switch annotate ``strategy`` with it)
 # and at run time.
@@ -77,17 +77,26 @@ def run_all_and_select(
     """Run every branch on ``operands``, then pick each output element on the device.
 
     ``selector``'s shape is a prefix of every operand's and output's shape (0-d: one
-    choice for everything). No value is read on the host.
+    choice for everything). No value is read on the host. An operand some branch
+    writes to is selected the same way and takes the selected value.
     """
-    return select_outputs(*run_every_branch(form, selector, branches, operands, labels))
+    which, first, outputs, written = run_every_branch(form, selector, branches, operands, labels)
+    out = select_outputs(which, first, outputs)
+    n = len(out) - len(written)
+    for i, value in zip(written, out[n:]):
+        operands[i].copy_(value)
+    return out[:n]
 
 
 def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]):
-    """Every branch's outputs, and what picks between them: ``(which, first, outputs)``.
+    """Every branch's outputs, and what picks between them: ``(which, first, outputs,
+    written)``.
 
     ``first`` holds where branch 0 is taken; ``which`` is the branch index, or None
-    for cond (``first`` is then the predicate). A branch may not write to anything it
-    did not create (it runs even when not taken); outputs are checked to be
+    for cond (``first`` is then the predicate). A branch's writes to operands are
+    undone after it runs (write_guard.py); ``written`` lists the operands some branch
+    wrote to, and every branch's outputs end with their values after that branch (the
+    old value for a branch that left one alone). Outputs are checked to be
     selectable, with errors naming output paths.
     """
     n = len(branches)
@@ -97,16 +106,25 @@ def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, lab
         which = form.branch_of(selector, n)
         first = which == 0
     guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and needs_grad(t)]
-    outputs = []
+    outputs, values = [], []
     for k, branch in enumerate(branches):
         inputs = operands
         if guarded:
             mask = first if k == 0 else (~first if which is None else which == k)
             inputs = _masked(mask, operands, guarded)
-        with refusing_outside_writes(labels[k], inputs):
-            outputs.append(tuple(branch(*inputs)))
+        writes = BranchWrites()
+        with recording_writes(labels[k], inputs, writes):
+            outs = tuple(branch(*inputs))
+        outs, new_values = writes.finish(inputs, outs)
+        outputs.append(outs)
+        values.append(new_values)
+    written = sorted({i for mine in values for i in mine})
+    outputs = [
+        (*outs, *(mine.get(i, operands[i]) for i in written))
+        for outs, mine in zip(outputs, values)
+    ]
     _check_selectable(labels, outputs)
-    return which, first, outputs
+    return which, first, outputs, written
 
 
 def select_outputs(which, first, outputs) -> tuple:
@@ -176,13 +194,3 @@ def _masked(mask: torch.Tensor, operands, guarded) -> list:
     for i, value in zip(guarded, masked):
         inputs[i] = value
     return inputs
-
-
-def needs_grad(t: torch.Tensor) -> bool:
-    """A floating tensor autograd or a torch.func transform differentiates."""
-    if not (t.dtype.is_floating_point or t.dtype.is_complex):
-        return False
-    if torch.is_grad_enabled() and t.requires_grad:
-        return True
-    # dynamo sees no functorch wrappers (and cannot trace the query)
-    return not _compat.is_dynamo_compiling() and _compat.is_differentiated_by_transform(t)
