@@ -7,9 +7,10 @@ one branch under a dispatch mode that, before the branch's first write to an
 operand, saves the operand's value; after the branch, the operand's new value is
 taken (``BranchWrites.finish``) and the old one put back, so the next branch sees
 it. Both are tensor ops, so a trace of the select records them. The caller selects
-each written operand's value like an output and writes the selection back. A write to anything else from outside the branch (a tensor it
-closes over, a parameter) is refused before it happens: it cannot be selected per
-example. Writes to tensors the branch itself created are invisible outside it.
+each written operand's value like an output and writes the selection back. A write
+to anything else from outside the branch (a tensor it closes over, a parameter) is
+refused before it happens: it cannot be selected per example. Writes to tensors the
+branch itself created are invisible outside it.
 
 Under dynamo the branch is traced inline and no dispatch mode can be entered
 without a graph break, so the mode is not entered there; instead the select path
