@@ -83,22 +83,25 @@ class BranchMismatchError(CondError, ValueError, RuntimeError):
 
 
 class BranchMutationError(CondError, RuntimeError):
-    """A traced branch writes to one of its inputs (an operand or a closed-over tensor).
+    """A branch writes in place to a tensor the conditional cannot write back as a
+    Python ``if`` would.
 
-    Also raised eagerly for branches that run whether or not they are taken
-    (``strategy="select"``, or ``torch.vmap`` with a per-example predicate), before
-    the write happens. Return the new value instead of writing in place.
+    Writes to operands, module buffers, closed-over tensors and views of them are
+    fine in every mode. Refused, before anything is written: a write through one of
+    two operands that share memory, to a real tensor a trace on fake tensors holds as
+    a constant, to an operand's sizes or strides; and where every branch runs
+    (``strategy="select"``, or ``torch.vmap`` with a per-example predicate), to a
+    closed-over tensor or an operand that needs a gradient.
 
     Examples:
+        >>> counter = torch.zeros(())
         >>> def inc(x):
-        ...     return x.add_(1)
+        ...     return x + counter.add_(1)
         >>> x = torch.ones(3)
         >>> torchcond.cond(torch.tensor(False), inc, torch.neg, (x,), strategy="select")
         Traceback (most recent call last):
         ...
         torchcond.errors.BranchMutationError: true_fn writes in place (aten.add_.Tensor) ...
-        >>> x
-        tensor([1., 1., 1.])
     """
 
 

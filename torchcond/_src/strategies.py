@@ -120,8 +120,7 @@ def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, lab
         values.append(new_values)
     written = sorted({i for mine in values for i in mine})
     outputs = [
-        (*outs, *(mine.get(i, operands[i]) for i in written))
-        for outs, mine in zip(outputs, values)
+        (*outs, *(mine.get(i, operands[i]) for i in written)) for outs, mine in zip(outputs, values)
     ]
     _check_selectable(labels, outputs)
     return which, first, outputs, written
