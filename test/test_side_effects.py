@@ -428,3 +428,94 @@ def _python_if(taken: bool, x, y):
         y[:1].add_(x[:1])
         return x * 2
     return x + y
+
+
+def _inference_graph(model, *args) -> torch.fx.GraphModule:
+    """The graph Inductor would get for ``model`` in inference: input mutations kept."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=capture, keep_inference_input_mutations=True)
+    with torch.no_grad():
+        torch.compile(model, backend=backend, fullgraph=True)(*args)
+    return graphs[0]
+
+
+def test_inductor_gets_branches_that_write_in_place():
+    """A written-back output becomes an in-place write again (O(row), not O(buffer))."""
+    from torchcond._src.reinplace import in_place
+
+    class RowWrite(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(16, 4))
+
+        def forward(self, x, pos):
+            def write(x, pos):
+                self.cache.index_copy_(0, pos, x)
+                return x * 2
+
+            return cond(x.sum() > 0, write, lambda x, pos: x - 1, (x, pos))
+
+    gm = _inference_graph(RowWrite(), torch.ones(1, 4), torch.tensor([3]))
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.torchcond_cond]
+    branches = [getattr(gm, a.target) for a in node.args[1:3]]
+    graphs, written = in_place(node, branches)
+    assert written == {1: 2}  # output 1 is operand 2 (the cache), written in place
+    true_ops = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.index_copy_.default in true_ops
+    assert torch.ops.aten.index_copy.default not in true_ops
+    for g in graphs:  # both branches now return the first output only
+        assert len(g.graph.find_nodes(op="output")[0].args[0]) == 1
+    assert not any(n.target is torch.ops.aten.clone.default for n in graphs[1].graph.nodes)
+
+    # A read of the written buffer after the conditional keeps the functional form.
+    class ReadAfter(RowWrite):
+        def forward(self, x, pos):
+            return super().forward(x, pos) + self.cache.sum()
+
+    gm = _inference_graph(ReadAfter(), torch.ones(1, 4), torch.tensor([3]))
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.torchcond_cond]
+    assert in_place(node, [getattr(gm, a.target) for a in node.args[1:3]]) is None
+
+
+@pytest.mark.parametrize("read_after", [False, True])
+def test_inductor_in_place_writes_equal_eager(read_after):
+    class Both(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(8, 4))
+            self.register_buffer("hits", torch.zeros(8))
+
+        def forward(self, x, pos):
+            def write(x, pos):
+                self.cache.index_copy_(0, pos, x)
+                return x * 2
+
+            def count(x, pos):
+                self.hits.index_add_(0, pos, torch.ones_like(pos, dtype=x.dtype))
+                return x - self.cache.index_select(0, pos)
+
+            out = cond(x.sum() > 0, write, count, (x, pos))
+            return out + self.cache.sum() if read_after else out
+
+    torch._dynamo.reset()
+    model = Both()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="inductor", fullgraph=True)
+    with torch.no_grad():
+        for x, pos in [
+            (torch.ones(2, 4), torch.tensor([1, 5])),
+            (-torch.ones(2, 4), torch.tensor([1, 2])),
+            (torch.full((1, 4), 3.0), torch.tensor([1])),
+            (-torch.ones(3, 4), torch.tensor([0, 1, 2])),
+        ]:
+            torch.testing.assert_close(compiled(x, pos), reference(x, pos))
+            torch.testing.assert_close(model.cache, reference.cache)
+            torch.testing.assert_close(model.hits, reference.hits)

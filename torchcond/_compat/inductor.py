@@ -32,19 +32,26 @@ import operator
 
 import torch
 
+from . import TORCH_VERSION
 from .after_import import when_imported
 
 _LOWERING = "torch._inductor.lowering"
 _FX_UTILS = "torch._inductor.fx_utils"
 
 
-def install(cond_op, switch_op) -> None:
-    """Register the lowerings once Inductor's lowering table is imported."""
-    when_imported(_LOWERING, lambda lowering: _register_lowerings(lowering, cond_op, switch_op))
+def install(cond_op, switch_op, in_place) -> None:
+    """Register the lowerings once Inductor's lowering table is imported.
+
+    ``in_place(node, branch_graphs)`` (reinplace.py) gives branch graphs that write to
+    operands in place, and which outputs they no longer return, or None.
+    """
+    when_imported(
+        _LOWERING, lambda lowering: _register_lowerings(lowering, cond_op, switch_op, in_place)
+    )
     when_imported(_FX_UTILS, lambda fx_utils: _teach_subgraph_args(fx_utils, (cond_op, switch_op)))
 
 
-def _register_lowerings(lowering, cond_op, switch_op) -> None:
+def _register_lowerings(lowering, cond_op, switch_op, in_place) -> None:
     import sympy
     from torch._inductor import ir
     from torch._inductor.virtualized import V
@@ -62,6 +69,22 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
             V.graph.disable_cudagraphs_reason = message
 
     n_way = hasattr(ir, "Switch")  # torch 2.14: ir.Switch replaced ir.Conditional
+    # Branches that write to an operand: ir.Conditional orders them with the operand's
+    # readers (a MutationOutput per written operand) from torch 2.13 on, ir.Switch too
+    # (checked on 2.13.0, 2.14.1, 2.15.0; 2.11.0's ir.Conditional does not).
+    branches_may_write = n_way or TORCH_VERSION >= (2, 13)
+
+    def writing_in_place(subgraphs):
+        """The branches, writing in place what the graph only writes back, and the
+        operands that stand for the outputs they no longer return (in order)."""
+        if not branches_may_write:
+            return subgraphs, []
+        plan = in_place(V.graph.current_node, [s.graph_module for s in subgraphs])
+        if plan is None:
+            return subgraphs, []
+        graphs, written = plan
+        subgraphs = [ir.Subgraph(name=s.name, graph_module=g) for s, g in zip(subgraphs, graphs)]
+        return subgraphs, [written[j] for j in sorted(written)]
 
     def conditional(pred, true_subgraph, false_subgraph, operands):
         if n_way:  # a bool selector reads as 0 (false) or 1 (true)
@@ -106,7 +129,10 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
     def lower_cond(pred, true_subgraph, false_subgraph, operands):
         _refuse_unbound_predicate(cond_op.name(), V.graph.current_node, pred)
         disable_cudagraphs_if_on_gpu(cond_op.name(), [pred, *operands])
-        return conditional(pred, true_subgraph, false_subgraph, operands)
+        (true_subgraph, false_subgraph), written = writing_in_place([true_subgraph, false_subgraph])
+        # An output written back into its operand is the operand: copy_ skips it.
+        outputs = conditional(pred, true_subgraph, false_subgraph, operands)
+        return outputs + [operands[w] for w in written]
 
     @lowering.register_lowering(switch_op, type_promotion_kind=None)
     def lower_switch(index, *branches_then_operands):
@@ -114,7 +140,8 @@ def _register_lowerings(lowering, cond_op, switch_op) -> None:
         node = V.graph.current_node
         disable_cudagraphs_if_on_gpu(switch_op.name(), [index, *operands])
         if n_way:
-            return n_way_switch(index, branches, operands)
+            branches, written = writing_in_place(branches)
+            return n_way_switch(index, branches, operands) + [operands[w] for w in written]
         if len(branches) == 1:
             # A one-branch switch: both sides of the conditional are that branch.
             only = branches[0]

@@ -28,6 +28,7 @@ from .closures import trace_in_session
 from .forms import Form, cond_form, pack, readable_on_host, switch_form, unpack
 from .merge import check_agreement, merge_branch_outputs
 from .pytrees import raise_named
+from .reinplace import in_place
 from .strategies import run_all_and_select
 from .subgraph import output_values
 from .tracing import (
@@ -286,4 +287,4 @@ _compat_dynamo.install(
     {form.op: (form.taken, form.labels) for form in _FORMS.values()}, _check_named_outputs
 )
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
-_compat_inductor.install(cond_op, switch_op)
+_compat_inductor.install(cond_op, switch_op, in_place)
