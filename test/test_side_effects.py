@@ -519,3 +519,60 @@ def test_inductor_in_place_writes_equal_eager(read_after):
             torch.testing.assert_close(compiled(x, pos), reference(x, pos))
             torch.testing.assert_close(model.cache, reference.cache)
             torch.testing.assert_close(model.hits, reference.hits)
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp"])
+def test_torch_func_transform_of_a_writing_traced_branch_is_refused(transform):
+    # Its derivative would recompute the branch from an operand the write changed;
+    # torch.autograd (above) differentiates the same program correctly.
+    def f(x, y):
+        def t(x, y):
+            y.add_(1)
+            return (x * y).sin()
+
+        return cond(x.sum() > 0, t, lambda x, y: x.cos() * y, (x, y))
+
+    def program(x, y):
+        # y is an input of the transformed function: torch.func refuses a write to a
+        # tensor captured from outside it, with a Python `if` as well.
+        if transform == "grad":
+            return torch.func.grad(lambda x, y: f(x, y).sum())(x, y)
+        return torch.func.jvp(f, (x, y), (torch.ones_like(x), torch.zeros_like(y)))[1]
+
+    y = torch.ones(3)
+    with pytest.raises(
+        BranchMutationError,
+        match=re.escape(
+            "true_fn / false_fn writes in place to operands[1] inside a conditional that a torch.func transform"
+        ),
+    ):
+        make_fx(program, tracing_mode="symbolic")(INPUTS[0], y)
+    assert torch.equal(y, torch.ones(3))
+
+
+def test_gradient_through_a_written_operand_that_the_branch_reads_equals_eager():
+    from functorch.compile import aot_function, nop
+
+    def f(x, w):
+        y = w * 1  # requires grad: the write is differentiated through
+
+        def t(x, y):
+            y.add_(x)
+            return (x * y).sin()
+
+        out = cond(x.sum() > 0, t, lambda x, y: x.cos() * y, (x, y))
+        return out.sum() + (y * y).sum()
+
+    def grads(run, x):
+        xs, w = x.clone().requires_grad_(), torch.linspace(1.0, 2.0, 3, requires_grad=True)
+        run(xs, w).backward()
+        return xs.grad, w.grad
+
+    traced = make_fx(lambda x, w: torch.autograd.grad(f(x, w), (x, w)), tracing_mode="fake")(
+        INPUTS[0].clone().requires_grad_(), torch.ones(3, requires_grad=True)
+    )
+    for x in INPUTS[:3]:
+        expected = grads(f, x)
+        torch.testing.assert_close(grads(aot_function(f, nop), x), expected)
+        w = torch.linspace(1.0, 2.0, 3, requires_grad=True)
+        torch.testing.assert_close(traced(x.clone().requires_grad_(), w), expected)

@@ -39,10 +39,12 @@ from .tracing import (
     OWN_BACKWARD,
     conditional_forward,
     materialize_graph,
+    pending_writes,
     plain,
     renamed_copy,
     runs_custom_forward,
     session_graphs,
+    written_back,
 )
 
 # --- the Autograd-key rule -----------------------------------------------------------
@@ -57,15 +59,23 @@ def autograd_rule(form: Form, selector, branches, operands):
     lifted, operands = closures.lift(form, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
         return form.call_below_autograd(selector, lifted, operands)
+    derivative = _derivative_source(branches, lifted, operands[n:])
+    # Writes: the conditional returns the new values as differentiable outputs and
+    # they are written back here, where autograd sees the write. Derivatives
+    # recompute the branches from the operands the forward saw, so a written one
+    # goes in as a copy, which the write-back leaves alone.
+    written, lifted = pending_writes(lifted)
+    inputs = tuple(t.clone() if i in written else t for i, t in enumerate(operands))
     graphs = [plain(b) for b in lifted]
     drawn = draws.saved_for_derivative(graphs, form.labels(len(lifted)))
     if drawn is not None:
         out = Conditional.apply(
-            form, selector, drawn.forward, (drawn.replay, drawn.n_draws), *operands
+            form, selector, drawn.forward, (drawn.replay, drawn.n_draws), *inputs
         )
-        return out[: len(out) - drawn.n_draws]
-    derivative = _derivative_source(branches, lifted, operands[n:])
-    return Conditional.apply(form, selector, tuple(lifted), derivative, *operands)
+        out = out[: len(out) - drawn.n_draws]
+    else:
+        out = Conditional.apply(form, selector, tuple(lifted), derivative, *inputs)
+    return written_back(out, written, lambda w, new: operands[w].copy_(new))
 
 
 class UserCode(NamedTuple):
@@ -82,7 +92,7 @@ class UserCode(NamedTuple):
 
 def _derivative_source(branches, lifted, closed_over: tuple):
     """What derivatives differentiate when not the forward graphs ``lifted``."""
-    if getattr(lifted[0], "written", ()):
+    if pending_writes(lifted)[0]:
         # The branches write to their inputs; the traced graphs return the new
         # values instead, and a derivative that recomputes a branch may not write.
         return None

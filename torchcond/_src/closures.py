@@ -19,6 +19,7 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
+from . import subgraph
 from .forms import Form
 from .subgraph import getattr_path
 from .tracing import SessionGraph, Traced, functionalized, plain, trace_branches
@@ -36,7 +37,7 @@ def lift(form: Form, branches, operands: tuple):
     branches once and bound as extra inputs (below).
     """
     tracer = _compat.active_fx_tracer()
-    if all(closure_free(b) and (tracer is None or _aten_level(plain(b))) for b in branches):
+    if all(closure_free(b) and (tracer is None or _given_as_is(plain(b))) for b in branches):
         return branches, operands
     if tracer is None:
         found = grad_closures(branches, operands)
@@ -77,6 +78,12 @@ def trace_in_session(
         traced = trace_branches(tracer, functional, inner, labels, functional=True)
     lifted = tuple(wrappers.outer(v) for v in traced.operands[len(operands) :])
     return traced._replace(operands=operands + lifted)
+
+
+def _given_as_is(branch) -> bool:
+    """A graph the rules below may trace, rather than this session now: one of aten
+    ops that writes to none of its inputs (whose new values autograd must see)."""
+    return _aten_level(branch) and not subgraph.written_inputs(branch)
 
 
 def _aten_level(gm: torch.fx.GraphModule) -> bool:

@@ -32,6 +32,7 @@ from .reinplace import in_place
 from .strategies import run_all_and_select
 from .subgraph import output_values
 from .tracing import (
+    check_written_back_here,
     functionalized,
     graphs_of,
     pending_writes,
@@ -39,6 +40,7 @@ from .tracing import (
     returning_writes,
     trace_branches,
     writes_of,
+    written_back,
 )
 
 
@@ -113,8 +115,10 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     tracer: Any = mode.tracer
     graphs = graphs_of(branches, tracer)
     if graphs is None:  # not traced in this session yet
+        n = len(operands)
         traced = trace_branches(tracer, branches, tuple(operands), form.labels(len(branches)))
         graphs, operands, written = traced.graphs, traced.operands, traced.written
+        check_written_back_here(written, n, form.labels(len(branches)))
     else:
         written, _ = pending_writes(branches)
     if _compat.fake_mode_of(operands) is None:
@@ -132,18 +136,7 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     out_proxy = tracer.create_proxy("call_function", form.op, proxy_args, {})
     out = form.call_below_autograd(selector, graphs, operands)
     out = _compat.track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
-    return _written_back(out, written, lambda w, new: _recorded_copy(mode, operands[w], new))
-
-
-def _written_back(out, written, write) -> tuple:
-    """The conditional's own outputs; the new values of the operands at ``written``,
-    returned after them, are written back with ``write(position, value)``."""
-    if not written:
-        return out
-    n = len(out) - len(written)
-    for w, new in zip(written, out[n:]):
-        write(w, new)
-    return tuple(out[:n])
+    return written_back(out, written, lambda w, new: _recorded_copy(mode, operands[w], new))
 
 
 def _recorded_copy(mode, target: torch.Tensor, value: torch.Tensor) -> None:
@@ -173,8 +166,10 @@ def _functionalize(form: Form, ctx, selector, branches, operands):
     if graphs_of(branches, tracer, functional=True) is not None:
         written, branches = pending_writes(branches)
     elif mode is not None and tracer is not None:
+        n = len(operands)
         traced = trace_in_session(tracer, branches, tuple(operands), labels, mode)
         operands, written = traced.operands, traced.written
+        check_written_back_here(written, n, labels)
         _, branches = pending_writes(traced.branches)
     elif mode is not None and not readable_on_host(selector):
         # No trace (AOTAutograd's metadata pass): the writes are found by running the
@@ -196,7 +191,7 @@ def _functionalize(form: Form, ctx, selector, branches, operands):
     )
     with ctx.redispatch_to_next():
         out = form.op(*pack(inner_selector, branches, inner_operands))
-    out = _written_back(out, written, lambda w, new: _functional_copy(ctx, operands[w], new))
+    out = written_back(out, written, lambda w, new: _functional_copy(ctx, operands[w], new))
     return ctx.wrap_tensors(out)
 
 

@@ -68,6 +68,40 @@ def pending_writes(branches) -> tuple[tuple[int, ...], list]:
     return written, [SessionGraph(b.graph, b.tracer, b.functional) for b in branches]
 
 
+def check_written_back_here(written: Sequence[int], n_operands: int, labels) -> None:
+    """Refuse writes found below the Autograd rule's own conditional, where the
+    derivative recomputes the branches from operands the write-back would change.
+
+    The Autograd rule traces writing branches itself and writes back above its
+    ``autograd.Function``; branches that reach a lower rule untraced inside one are a
+    torch.func transform's (``autograd.functorch_rule``).
+    """
+    if not written or not _IN_CONDITIONAL_FORWARD.get():
+        return
+    message = (
+        f"{' / '.join(labels)} writes in place to {{path}} inside a conditional that a "
+        "torch.func transform (grad, jvp, vjp, ...) differentiates with a selector the "
+        "host cannot read: its derivative recomputes the branch from the operands, which "
+        "the write changes. Differentiate with torch.autograd instead (make_fx, "
+        "torch.compile and torch.export support such writes), or return the new value"
+    )
+    w = written[0]
+    if w < n_operands:
+        raise BranchMutationError.at("operand", w, message)
+    raise BranchMutationError(message.format(path="a tensor it closes over"))
+
+
+def written_back(out, written: Sequence[int], write) -> tuple:
+    """The conditional's own outputs; the new values of the operands at ``written``,
+    returned after them, are written back with ``write(position, value)``."""
+    if not written:
+        return out
+    n = len(out) - len(written)
+    for w, new in zip(written, out[n:]):
+        write(w, new)
+    return tuple(out[:n])
+
+
 def plain(branch):
     """A branch as the function it is: a ``SessionGraph``'s graph, anything else as is."""
     return branch.graph if isinstance(branch, SessionGraph) else branch
