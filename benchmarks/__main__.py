@@ -28,7 +28,16 @@ sys.path.insert(0, HERE)  # the scripts' own folder, as when they run on their o
 
 import common  # noqa: E402  (benchmarks/common.py)
 
-BENCHMARKS = ("eager", "select", "autograd", "traced_backward", "first_call", "compile", "random")
+BENCHMARKS = (
+    "eager",
+    "select",
+    "autograd",
+    "traced_backward",
+    "first_call",
+    "compile",
+    "buffer_write",
+    "random",
+)
 
 
 def run_one(name: str, out_dir: str, quick: bool, threads: int | None) -> dict:

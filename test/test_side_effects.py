@@ -576,3 +576,68 @@ def test_gradient_through_a_written_operand_that_the_branch_reads_equals_eager()
         torch.testing.assert_close(grads(aot_function(f, nop), x), expected)
         w = torch.linspace(1.0, 2.0, 3, requires_grad=True)
         torch.testing.assert_close(traced(x.clone().requires_grad_(), w), expected)
+
+
+@STRICTNESS
+def test_export_of_a_switch_whose_branches_write_different_buffers(strict):
+    class Router(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("a", torch.zeros(3))
+            self.register_buffer("b", torch.zeros(3))
+
+        def forward(self, i, x):
+            def first(x):
+                self.a.add_(x)
+                return x * 2
+
+            def second(x):
+                self.b.sub_(x)
+                return x - 1
+
+            return switch(i, [first, second, lambda x: x + self.a + self.b], (x,))
+
+    model = Router()
+    ep = torch.export.export(model, (torch.tensor(0), torch.ones(3)), strict=strict)
+    signature = ep.run_decompositions().graph_signature
+    assert set(signature.buffers_to_mutate.values()) == {"a", "b"}
+    module, reference = ep.module(), copy.deepcopy(model)
+    for i in (0, 1, 2, 1, 5, -3):
+        x = torch.arange(3.0) + i
+        torch.testing.assert_close(module(torch.tensor(i), x), reference(torch.tensor(i), x))
+        torch.testing.assert_close(module.a, reference.a)
+        torch.testing.assert_close(module.b, reference.b)
+
+
+def test_torch_cond_on_the_same_work():
+    """Where torch.cond handles a write, it gives what we give; where it refuses
+    (a write with grad on, as in training), we still give eager's result."""
+    cache = torch.zeros(4, 2)
+
+    def kv(cond_fn, x, pos, cache):
+        def write(x, pos, cache):
+            cache.index_copy_(0, pos, x)
+            return x * 2
+
+        return cond_fn(x.sum() > 0, write, lambda x, pos, cache: x - 1, (x, pos, cache))
+
+    for x in (torch.ones(1, 2), -torch.ones(1, 2)):
+        results = []
+        for cond_fn in (cond, torch.cond):
+            torch._dynamo.reset()
+            c = cache.clone()
+            with torch.no_grad():
+                out = torch.compile(kv, backend="aot_eager", fullgraph=True)(
+                    cond_fn, x, torch.tensor([1]), c
+                )
+            results.append((out, c))
+        torch.testing.assert_close(results[0], results[1])
+
+    torch.manual_seed(0)
+    model = EarlyExit()
+    x = torch.randn(6, 4) + 1
+    expected = copy.deepcopy(model)(x)
+    torch._dynamo.reset()
+    torch.testing.assert_close(
+        torch.compile(model, backend="aot_eager", fullgraph=True)(x), expected
+    )
