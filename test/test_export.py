@@ -276,3 +276,18 @@ def test_strict_and_non_strict_export_order_lifted_operands_alike():
         for x in (args[0].abs(), -args[0].abs()):
             torch.testing.assert_close(ep.module()(x, args[1]), model(x, args[1]))
     assert orders[0] == orders[1] == ["x", "p_b", "y", "p_a"], orders
+
+
+def test_run_decompositions_keeps_the_branch_stack_traces():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
+
+    ep = export(M(), (torch.ones(3),)).run_decompositions()
+    for name in ("true_graph_0", "false_graph_0"):
+        traces = [
+            n.meta.get("stack_trace") or ""
+            for n in getattr(ep.graph_module, name).graph.nodes
+            if n.op == "call_function"
+        ]
+        assert traces and all("test_export.py" in t for t in traces), (name, traces)

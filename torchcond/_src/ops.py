@@ -167,7 +167,9 @@ def _functionalize(form: Form, ctx, selector, branches, operands):
         written, branches = pending_writes(branches)
     elif mode is not None and tracer is not None:
         n = len(operands)
-        traced = trace_in_session(tracer, branches, tuple(operands), labels, mode)
+        # A given graph runs node by node, so the trace keeps its stack traces.
+        fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
+        traced = trace_in_session(tracer, fns, tuple(operands), labels, mode)
         operands, written = traced.operands, traced.written
         check_written_back_here(written, n, labels)
         _, branches = pending_writes(traced.branches)
