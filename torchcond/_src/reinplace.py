@@ -53,7 +53,7 @@ def in_place(
 def _written_back(node: torch.fx.Node) -> dict[int, int]:
     """``{output: operand}`` for the outputs of ``node`` whose one use is ``copy_`` into
     an operand that is a graph input, read by nothing else after ``node``."""
-    operands = list(node.args[-1])
+    operands = list(_sequence(node.args[-1]))
     order = {n: i for i, n in enumerate(node.graph.nodes)}
     found: dict[int, int] = {}
     for user in node.users:
@@ -69,8 +69,14 @@ def _written_back(node: torch.fx.Node) -> dict[int, int]:
             continue
         if any(order[u] > order[node] for u in target.users if u is not copy):
             continue
-        found[user.args[1]] = operands.index(target)
+        index = user.args[1]
+        if isinstance(index, int):
+            found[index] = operands.index(target)
     return found
+
+
+def _sequence(arg) -> Sequence:
+    return arg if isinstance(arg, (tuple, list)) else ()
 
 
 def _writing_in_place(gm: torch.fx.GraphModule, plan: dict[int, int]):
