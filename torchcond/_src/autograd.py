@@ -59,12 +59,12 @@ def autograd_rule(form: Form, selector, branches, operands):
     lifted, operands = closures.lift(form, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
         return form.call_below_autograd(selector, lifted, operands)
-    derivative = _derivative_source(branches, lifted, operands[n:])
     # Writes: the conditional returns the new values as differentiable outputs and
     # they are written back here, where autograd sees the write. Derivatives
     # recompute the branches from the operands the forward saw, so a written one
     # goes in as a copy, which the write-back leaves alone.
     written, lifted = pending_writes(lifted)
+    derivative = None if written else _derivative_source(branches, lifted, operands[n:])
     inputs = tuple(t.clone() if i in written else t for i, t in enumerate(operands))
     graphs = [plain(b) for b in lifted]
     drawn = draws.saved_for_derivative(graphs, form.labels(len(lifted)))
@@ -91,11 +91,12 @@ class UserCode(NamedTuple):
 
 
 def _derivative_source(branches, lifted, closed_over: tuple):
-    """What derivatives differentiate when not the forward graphs ``lifted``."""
-    if pending_writes(lifted)[0]:
-        # The branches write to their inputs; the traced graphs return the new
-        # values instead, and a derivative that recomputes a branch may not write.
-        return None
+    """What derivatives differentiate when not the forward graphs ``lifted``.
+
+    Never the user's branches when they write to their inputs (the caller's check):
+    the traced graphs return the new values instead, and a derivative that
+    recomputes a branch may not write.
+    """
     lifted = [plain(b) for b in lifted]
     if all(closure_free(b) for b in branches):
         # Graphs as given (dynamo's call torch functions) are differentiated as they

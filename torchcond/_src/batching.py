@@ -19,6 +19,7 @@ from .. import _compat
 from ..errors import BranchMutationError
 from .forms import Form
 from .strategies import run_all_and_select, run_every_branch, select_outputs
+from .tracing import written_back
 
 
 def vmap_rule(form: Form, interpreter, selector, branches, operands):
@@ -38,13 +39,11 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
             _batch_first(t, level, size) if t is not None else None for t in (which, first)
         )
         outputs = [[_batch_first(t, level, size) for t in outs] for outs in outputs]
-        targets = [_written_per_example(operands[i], i, level, labels) for i in written]
+        targets = {i: _written_per_example(operands[i], i, level, labels) for i in written}
         with interpreter.lower():
             out = select_outputs(which, first, outputs)
-            n = len(out) - len(written)
-            for target, value in zip(targets, out[n:]):
-                target.copy_(value)
-        return tuple(_compat.batch(t, 0, level) for t in out[:n])
+            out = written_back(out, written, lambda i, value: targets[i].copy_(value))
+        return tuple(_compat.batch(t, 0, level) for t in out)
     tensors, in_dims = _unbatch_all(operands, level)
     selector, selector_dim = _compat.unbatch(selector, level)
     with interpreter.lower():

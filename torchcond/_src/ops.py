@@ -32,7 +32,6 @@ from .reinplace import in_place
 from .strategies import run_all_and_select
 from .subgraph import output_values
 from .tracing import (
-    check_written_back_here,
     functionalized,
     graphs_of,
     pending_writes,
@@ -115,10 +114,8 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     tracer: Any = mode.tracer
     graphs = graphs_of(branches, tracer)
     if graphs is None:  # not traced in this session yet
-        n = len(operands)
         traced = trace_branches(tracer, branches, tuple(operands), form.labels(len(branches)))
         graphs, operands, written = traced.graphs, traced.operands, traced.written
-        check_written_back_here(written, n, form.labels(len(branches)))
     else:
         written, _ = pending_writes(branches)
     if _compat.fake_mode_of(operands) is None:
@@ -166,13 +163,11 @@ def _functionalize(form: Form, ctx, selector, branches, operands):
     if graphs_of(branches, tracer, functional=True) is not None:
         written, branches = pending_writes(branches)
     elif mode is not None and tracer is not None:
-        n = len(operands)
         # A given graph runs node by node, so the trace keeps its stack traces.
         fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
         traced = trace_in_session(tracer, fns, tuple(operands), labels, mode)
-        operands, written = traced.operands, traced.written
-        check_written_back_here(written, n, labels)
-        _, branches = pending_writes(traced.branches)
+        operands = traced.operands
+        written, branches = pending_writes(traced.branches)
     elif mode is not None and not readable_on_host(selector):
         # No trace (AOTAutograd's metadata pass): the writes are found by running the
         # branches, so that the pass sees the same input mutations as the trace.

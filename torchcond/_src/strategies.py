@@ -33,6 +33,7 @@ from .. import _compat
 from ..errors import BranchMismatchError, CondArgumentError
 from . import select_ops
 from .forms import Form, python_scalar
+from .tracing import written_back
 from .write_guard import BranchWrites, needs_grad, recording_writes
 
 # The accepted values, for type checkers (cond/switch annotate ``strategy`` with it)
@@ -82,10 +83,7 @@ def run_all_and_select(
     """
     which, first, outputs, written = run_every_branch(form, selector, branches, operands, labels)
     out = select_outputs(which, first, outputs)
-    n = len(out) - len(written)
-    for i, value in zip(written, out[n:]):
-        operands[i].copy_(value)
-    return out[:n]
+    return written_back(out, written, lambda i, value: operands[i].copy_(value))
 
 
 def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]):

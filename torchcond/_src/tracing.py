@@ -12,7 +12,7 @@ import contextvars
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import torch
 
@@ -68,13 +68,13 @@ def pending_writes(branches) -> tuple[tuple[int, ...], list]:
     return written, [SessionGraph(b.graph, b.tracer, b.functional) for b in branches]
 
 
-def check_written_back_here(written: Sequence[int], n_operands: int, labels) -> None:
-    """Refuse writes found below the Autograd rule's own conditional, where the
-    derivative recomputes the branches from operands the write-back would change.
+def _refuse_writes_under_derivative(written: Sequence[int], n_operands: int, labels) -> None:
+    """Refuse writes found while the Autograd rule's own conditional runs its forward:
+    the derivative recomputes the branches from operands the write-back would change.
 
-    The Autograd rule traces writing branches itself and writes back above its
-    ``autograd.Function``; branches that reach a lower rule untraced inside one are a
-    torch.func transform's (``autograd.functorch_rule``).
+    The Autograd rule traces writing branches itself, before its ``autograd.Function``,
+    and writes back above it; branches first traced inside one are a torch.func
+    transform's (``autograd.functorch_rule``).
     """
     if not written or not _IN_CONDITIONAL_FORWARD.get():
         return
@@ -85,10 +85,15 @@ def check_written_back_here(written: Sequence[int], n_operands: int, labels) -> 
         "the write changes. Differentiate with torch.autograd instead (make_fx, "
         "torch.compile and torch.export support such writes), or return the new value"
     )
-    w = written[0]
+    _raise_about_write(message, written[0], n_operands, "a tensor it closes over")
+
+
+def _raise_about_write(message: str, w: int, n_operands: int, closure: str) -> NoReturn:
+    """Raise ``BranchMutationError(message)`` about input ``w``: an operand is named by
+    its path (``{path}``), a lifted closure as ``closure``."""
     if w < n_operands:
         raise BranchMutationError.at("operand", w, message)
-    raise BranchMutationError(message.format(path="a tensor it closes over"))
+    raise BranchMutationError(message.format(path=closure))
 
 
 def written_back(out, written: Sequence[int], write) -> tuple:
@@ -116,13 +121,16 @@ class Traced(NamedTuple):
     # The branches to hand to the operator in this session: one GraphModule per
     # branch, every one taking ``operands``, as SessionGraphs.
     branches: list[SessionGraph]
-    # The positions in ``operands`` of the tensors some branch writes to. Every graph
-    # returns their new values after its own outputs, in this order.
-    written: tuple[int, ...] = ()
 
     @property
     def graphs(self) -> list[torch.fx.GraphModule]:
         return [b.graph for b in self.branches]
+
+    @property
+    def written(self) -> tuple[int, ...]:
+        """The positions in ``operands`` of the tensors some branch writes to; every
+        graph returns their new values after its own outputs, in this order."""
+        return self.branches[0].written
 
 
 def functionalized(fn: Callable, mode, label: str) -> Callable:
@@ -229,10 +237,10 @@ def trace_branches(
     graphs, written = _writes_as_outputs(
         graphs, every_operand, len(operands), labels, parent_tracer, functional
     )
+    _refuse_writes_under_derivative(written, len(operands), labels)
     return Traced(
         every_operand,
         session_graphs(graphs, labels, len(operands), parent_tracer, functional, written),
-        written,
     )
 
 
@@ -307,11 +315,8 @@ def _check_writable(operands: tuple, n_operands: int, written, labels, writes) -
             )
         else:
             continue
-        message = f"{label} writes in place to {{path}}, {why}"
-        if w < n_operands:
-            raise BranchMutationError.at("operand", w, message)
-        shape = tuple(target.shape)
-        raise BranchMutationError(message.format(path=f"a tensor it closes over (shape {shape})"))
+        closure = f"a tensor it closes over (shape {tuple(target.shape)})"
+        _raise_about_write(f"{label} writes in place to {{path}}, {why}", w, n_operands, closure)
 
 
 def session_graphs(
