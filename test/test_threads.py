@@ -76,10 +76,14 @@ def test_concurrent_make_fx_does_not_crash_where_torch_does_not():
         return
     # torch 2.11's own make_fx crashes (SIGSEGV) under concurrent traces, with no
     # torchcond involved; 2.13 and later raise. torchcond may not crash where torch alone
-    # survives the same work.
-    plain = _stress("torch")
-    assert plain.returncode != 0, (
-        f"torchcond exits with {ours.returncode} where torch alone survives: {ours.stderr[-2000:]}"
+    # survives the same work. The crash is a race: torch alone gets a few tries (on a
+    # loaded machine one run of it can miss the window).
+    for _ in range(3):
+        if _stress("torch").returncode != 0:
+            return
+    raise AssertionError(
+        f"torchcond exits with {ours.returncode} where torch alone survives 3 runs: "
+        f"{ours.stderr[-2000:]}"
     )
 
 
