@@ -21,6 +21,7 @@ from .._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode, pytre
 from .._compat import dynamo as _compat_dynamo
 from .._compat import export as _compat_export
 from .._compat import inductor as _compat_inductor
+from .._compat import onnx as _compat_onnx
 from ..errors import CondArgumentError, CondError
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
@@ -31,6 +32,7 @@ from .pytrees import raise_named
 from .reinplace import in_place
 from .strategies import run_all_and_select
 from .subgraph import output_values
+from .to_onnx import translate_cond, translate_switch
 from .tracing import (
     functionalized,
     graphs_of,
@@ -280,3 +282,4 @@ _compat_dynamo.install(
 )
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
 _compat_inductor.install(cond_op, switch_op, in_place)
+_compat_onnx.install({cond_op: translate_cond, switch_op: translate_switch})
