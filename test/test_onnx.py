@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch.export import Dim
 
+import torchcond
 from torchcond import cond, switch
+from torchcond.passes import lower_to_select
 
 BATCH = Dim("batch", min=2, max=64)
 
@@ -17,8 +19,10 @@ def to_onnx(model, args, dynamic_shapes=None):
     with warnings.catch_warnings():
         # The exporter's own deprecation chatter, unrelated to the model.
         warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning))
+        if isinstance(model, torch.nn.Module):
+            model = model.eval()
         return torch.onnx.export(
-            model.eval(), args, dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False
+            model, args, dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False
         )
 
 
@@ -197,3 +201,37 @@ def test_a_predicate_computed_in_the_model_in_another_dtype(dtype):
     for flag in (0, 1, 7):
         value = torch.tensor(flag, dtype=dtype)
         assert_all_close(run(x, value), [Model()(x, value)])
+
+
+def test_lowered_to_select_the_model_has_no_control_flow():
+    # For runtimes without ``If``: every branch runs and ``Where``s pick the outputs.
+    model = ThreeWay()
+    ep = torch.export.export(
+        model, (torch.randn(3, 4), torch.tensor(1)), dynamic_shapes=({0: BATCH}, None)
+    )
+    program = to_onnx(lower_to_select(ep), ())
+    assert if_depth(program.model_proto.graph) == 0
+    assert "Where" in top_level_ops(program)
+    run = ort_runner(program)
+    x = torch.randn(5, 4)
+    for k in (-1, 0, 1, 2, 3):
+        index = torch.tensor(k)
+        assert_all_close(run(x, index), [model(x, index)])
+
+
+class PerRow(torch.nn.Module):
+    """The select kernels with a selector per row, as vmap's lowering leaves them."""
+
+    def forward(self, x, k):
+        (picked,) = torchcond.select(x[:, 0] > 0, [x * 2], [x.sin()])
+        (n_way,) = torchcond.select_n(k, [[x], [x.cos()], [-x]])
+        return picked, n_way
+
+
+def test_select_kernels_with_a_selector_per_row():
+    program = to_onnx(
+        PerRow(), (torch.randn(4, 3), torch.tensor([0, 1, 2, 3])), ({0: BATCH}, {0: BATCH})
+    )
+    run = ort_runner(program)
+    x, k = torch.randn(6, 3), torch.tensor([-1, 0, 1, 2, 3, 1])
+    assert_all_close(run(x, k), list(PerRow()(x, k)))

@@ -32,7 +32,7 @@ from .pytrees import raise_named
 from .reinplace import in_place
 from .strategies import run_all_and_select
 from .subgraph import output_values
-from .to_onnx import translate_cond, translate_switch
+from .to_onnx import translations as onnx_translations
 from .tracing import (
     functionalized,
     graphs_of,
@@ -282,4 +282,4 @@ _compat_dynamo.install(
 )
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
 _compat_inductor.install(cond_op, switch_op, in_place)
-_compat_onnx.install({cond_op: translate_cond, switch_op: translate_switch})
+_compat_onnx.install(onnx_translations(cond_op, switch_op))

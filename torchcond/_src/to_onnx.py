@@ -8,13 +8,29 @@ scope, as torch's translation of ``torch.cond`` does.
 ``switch(i, b0, ..., bn)`` is ``b0 if i < 1 else (b1 if i < 2 else ... bn)``: the
 comparisons are made once, outside the chain, and the clamping of an out-of-range
 index (to ``b0`` or ``bn``) falls out of the ``<`` tests.
+
+The select operators (what ``passes.lower_to_select`` leaves, for runtimes without
+control flow) are ``Where``s: the selector gains trailing axes of size one, since
+ONNX broadcasts from the right and a selector's shape is a prefix of the values'.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from .._compat import onnx as _compat_onnx
+
+
+def translations(cond_op, switch_op) -> dict:
+    """{operator: its translation}, for the exporter's registry."""
+    return {
+        cond_op: translate_cond,
+        switch_op: translate_switch,
+        torch.ops.torchcond.select.default: translate_select,
+        torch.ops.torchcond.select_n.default: translate_select_n,
+    }
 
 
 def translate_cond(pred, true_func, false_func, operands: Sequence):
@@ -67,6 +83,50 @@ def translate_switch(index, *funcs_then_operands):
         then_branch=_calling(funcs[0], operands),
         else_branch=chain,
     )
+
+
+def translate_select(pred, true_values: Sequence, false_values: Sequence):
+    """``torchcond.select(pred, true_values, false_values)`` as one ``Where`` per output."""
+    call_op = _compat_onnx.call_op()
+    (flag,) = call_op("Cast", pred, to=_ir().DataType.BOOL)
+    return [
+        call_op("Where", _broadcastable(flag, len(pred.shape), t), t, f)[0]
+        for t, f in zip(true_values, false_values)
+    ]
+
+
+def translate_select_n(index, cases: Sequence, num_branches: int):
+    """``torchcond.select_n(index, cases, n)``: per output, ``case_0 if index < 1 else
+    (case_1 if index < 2 else ... case_n)``, a chain of ``Where``s."""
+    call_op = _compat_onnx.call_op()
+    index_rank = index.shape
+    (index,) = call_op("Cast", index, to=_ir().DataType.INT64)
+    per_case = len(cases) // num_branches
+    below = []
+    for k in range(1, num_branches):
+        (bound,) = call_op("Constant", value_int=k)
+        below.extend(call_op("Less", index, bound))
+    outputs = []
+    for i in range(per_case):
+        value = cases[(num_branches - 1) * per_case + i]
+        for k in range(num_branches - 2, -1, -1):
+            case = cases[k * per_case + i]
+            selector = _broadcastable(below[k], len(index_rank), case)
+            (value,) = call_op("Where", selector, case, value)
+        outputs.append(value)
+    return outputs
+
+
+def _broadcastable(selector, selector_rank: int, value):
+    """``selector`` (of rank ``selector_rank``) with trailing axes of size one up to
+    ``value``'s rank."""
+    call_op = _compat_onnx.call_op()
+    rank = len(value.shape)
+    if selector_rank in (0, rank):
+        return selector
+    (axes,) = call_op("Constant", value_ints=list(range(selector_rank, rank)))
+    (expanded,) = call_op("Unsqueeze", selector, axes)
+    return expanded
 
 
 def _calling(func, operands: Sequence):
