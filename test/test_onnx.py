@@ -235,3 +235,17 @@ def test_select_kernels_with_a_selector_per_row():
     run = ort_runner(program)
     x, k = torch.randn(6, 3), torch.tensor([-1, 0, 1, 2, 3, 1])
     assert_all_close(run(x, k), list(PerRow()(x, k)))
+
+
+class ShapeIndex(torch.nn.Module):
+    def forward(self, x):
+        return switch(x.shape[0] - 3, [torch.sin, torch.cos, torch.neg], (x,))
+
+
+def test_switch_on_an_index_computed_from_a_shape():
+    program = to_onnx(ShapeIndex(), (torch.randn(4, 2),), ({0: Dim("rows", min=1, max=64)},))
+    assert if_depth(program.model_proto.graph) == 2
+    run = ort_runner(program)
+    for n in (1, 3, 4, 5, 9):  # index -2 (clamped), 0, 1, 2, 6 (clamped)
+        x = torch.randn(n, 2)
+        assert_all_close(run(x), [ShapeIndex()(x)])
