@@ -37,6 +37,7 @@ BENCHMARKS = (
     "compile",
     "buffer_write",
     "random",
+    "deploy",
 )
 
 
