@@ -528,3 +528,85 @@ def transforms_active() -> bool:
     (``peek_interpreter_stack`` exists since 2.0, ``forward_ad._current_level`` since 1.9).
     """
     return _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0
+
+
+# --- dispatch modes that trace nothing (modes.py) --------------------------------------
+# At the Python key, HigherOrderOperator.dispatch looks a mode's rule up by the mode's
+# exact type (``python_key_table``); a mode without one gets the operator in its
+# ``__torch_dispatch__`` if it sets ``supports_higher_order_operators``, and otherwise
+# raises. Checked on 2.11, 2.13, 2.14 and 2.15 (the same code on all four).
+
+from torch.utils._python_dispatch import (  # noqa: E402
+    _get_current_dispatch_mode as current_dispatch_mode,
+)
+from torch.utils._python_dispatch import (  # noqa: E402
+    _get_current_dispatch_mode_stack as dispatch_mode_stack,  # infra modes included
+)
+from torch.utils._python_dispatch import (  # noqa: E402
+    _pop_mode_temporarily as pop_dispatch_mode,  # yields the popped mode; no __exit__
+)
+
+__all__ += ["current_dispatch_mode", "dispatch_mode_stack", "pop_dispatch_mode"]
+
+
+def pre_dispatch_tracing() -> bool:
+    """A pre-dispatch trace (export's) is active: the PreDispatch key is TLS-included."""
+    return _tls_key_included(_PRE_DISPATCH)
+
+
+# FlopCounterMode counts through a dispatch mode of a private class of its own, with
+# supports_higher_order_operators (2.11-2.15).
+from torch.utils.flop_counter import _FlopCounterMode as FlopCounterDispatchMode  # noqa: E402
+
+__all__ += ["FlopCounterDispatchMode"]
+
+
+def count_cond_flops(mode, true_fn: Callable, false_fn: Callable, operands: tuple):
+    """What FlopCounterMode counts for ``torch.cond(_, true_fn, false_fn, operands)``.
+
+    ``mode`` (a ``FlopCounterDispatchMode``, popped) runs each function under itself,
+    its counts set aside, then keeps for each module and op the larger of the two
+    (an upper bound; where the counter already held that op for that module, its
+    shallow copies share the count, which then takes both functions' flops).
+    ``_handle_higher_order_ops``' branch for ``higher_order.cond`` is identical on
+    2.11-2.15; it reads no predicate and returns ``true_fn``'s output.
+    """
+    args = (None, true_fn, false_fn, operands)
+    return mode._handle_higher_order_ops(torch.ops.higher_order.cond, [], args, {})
+
+
+# The flag torch sets while a Python-level profiler (torch.profiler.profile,
+# torch.autograd.profiler.profile, emit_nvtx, emit_itt) runs, and reads itself before
+# adding record_function ranges (dynamo, AOTAutograd, inductor); 2.11-2.15.
+import torch.autograd.profiler as _autograd_profiler  # noqa: E402
+
+
+def profiler_enabled() -> bool:
+    return _autograd_profiler._is_profiler_enabled
+
+
+@contextlib.contextmanager
+def modules_untracked(mode):
+    """FlopCounterMode's module tracker (of the counter behind ``mode``, a
+    ``FlopCounterDispatchMode``) stops seeing module calls for a while: its forward
+    hooks are removed, then registered again.
+
+    Its forward pre-hook fails on a module called below the Autograd key with inputs
+    that require grad (``register_multi_grad_hook`` finds no grad_fn), as a branch
+    graph is by the rules that run a conditional: torch.cond fails the same way.
+    ``FlopCounterMode.mod_tracker`` and ModuleTracker's ``_fw_pre_handle``,
+    ``_fw_post_handle``, ``_fw_pre_hook`` and ``_fw_post_hook`` are the same on 2.11-2.15.
+    """
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    tracker = mode.counter.mod_tracker
+    tracker._fw_pre_handle.remove()
+    tracker._fw_post_handle.remove()
+    try:
+        yield
+    finally:
+        tracker._fw_pre_handle = register_module_forward_pre_hook(tracker._fw_pre_hook)
+        tracker._fw_post_handle = register_module_forward_hook(tracker._fw_post_hook)

@@ -43,6 +43,8 @@ _dispatch_modes = _compat.len_dispatch_stack
 _function_modes = _compat.len_function_stack
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _capturing = torch.cuda.is_current_stream_capturing
+# A profiler runs: the slow path adds the conditional's ranges (``_slow``).
+_profiling = _compat.profiler_enabled
 # Module-level names for what the dynamo path reads: a compiled function guards on
 # every global its trace touched, and reaching ``torch`` through this module as well
 # as through the user's would add an alias guard (a Python lambda) to every call.
@@ -149,6 +151,7 @@ def cond(
         and not (_dispatch_modes() or _function_modes())
         and (pred.dtype is _BOOL or not pred.is_complex())
         and not (pred.is_cuda and _capturing())  # a host read would break the capture
+        and not _profiling()
     ):
         try:
             taken = pred.__bool__()
@@ -229,6 +232,7 @@ def switch(
         and not (_dispatch_modes() or _function_modes())
         and index.dtype in INTEGER_DTYPES
         and not (index.is_cuda and _capturing())
+        and not _profiling()
     ):
         try:
             i = index.__index__()
@@ -276,7 +280,14 @@ def _switch_under_dynamo(index, branches, operands, strategy):
 
 def _slow(form: Form, selector, branches, operands, strategy="auto", check_branches=False):
     """Every call the eager fast path does not take: checked, then run as ``strategy``,
-    the selector and tracing say."""
+    the selector and tracing say. Under a profiler, in a range named after the call."""
+    if not _dynamo_compiling() and _profiling():
+        with torch.autograd.profiler.record_function(f"torchcond.{form.name}"):
+            return _checked_and_run(form, selector, branches, operands, strategy, check_branches)
+    return _checked_and_run(form, selector, branches, operands, strategy, check_branches)
+
+
+def _checked_and_run(form: Form, selector, branches, operands, strategy, check_branches):
     branches = form.check_branches(branches)
     _check_operands(operands)
     n = len(branches)
@@ -304,6 +315,11 @@ def _run_concrete(form: Form, labelled_branches, taken: int, operands, check_bra
     if check_branches:
         _check_every_branch(form, labelled_branches, operands)
     fn, label = labelled_branches[taken]
+    if not _dynamo_compiling() and _profiling():
+        # The taken branch's range, inside the call's: ``torchcond.cond/true_fn``,
+        # ``torchcond.switch/branches[2]``.
+        with torch.autograd.profiler.record_function(f"torchcond.{form.name}/{label}"):
+            return _run_taken(fn, label, operands)
     return _run_taken(fn, label, operands)
 
 

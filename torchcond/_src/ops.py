@@ -17,7 +17,13 @@ from typing import Any
 import torch
 
 from .. import _compat
-from .._compat import DispatchKey, FakeTensorMode, ProxyTorchDispatchMode, pytree
+from .._compat import (
+    DispatchKey,
+    FakeTensorMode,
+    FlopCounterDispatchMode,
+    ProxyTorchDispatchMode,
+    pytree,
+)
 from .._compat import dynamo as _compat_dynamo
 from .._compat import export as _compat_export
 from .._compat import inductor as _compat_inductor
@@ -28,6 +34,8 @@ from .batching import vmap_rule
 from .closures import trace_in_session
 from .forms import Form, cond_form, pack, readable_on_host, switch_form, unpack
 from .merge import check_agreement, merge_branch_outputs
+from .modes import USER_MODES, flop_rule, python_key_rule, takes_first, top_kind
+from .modes import autograd_rule as modes_autograd_rule
 from .pytrees import raise_named
 from .reinplace import in_place
 from .strategies import run_all_and_select
@@ -45,7 +53,16 @@ from .tracing import (
 )
 
 
-class CondOp(_compat.HigherOrderOperator):
+class _ConditionalOp(_compat.HigherOrderOperator):
+    def dispatch(self, /, dispatch_key, *args, **kwargs):
+        # torch finds a mode's rule by the mode's exact type, so a user's mode would
+        # have none: modes.py has the one rule for them all.
+        if dispatch_key == DispatchKey.Python and top_kind(self) in USER_MODES:
+            return python_key_rule(form_of(self), *unpack(args))
+        return super().dispatch(dispatch_key, *args, **kwargs)
+
+
+class CondOp(_ConditionalOp):
     """``torchcond_cond(pred, true_graph, false_graph, operands)``."""
 
     def __init__(self):
@@ -56,7 +73,7 @@ class CondOp(_compat.HigherOrderOperator):
         return super().__call__(pred, true_fn, false_fn, operands)
 
 
-class SwitchOp(_compat.HigherOrderOperator):
+class SwitchOp(_ConditionalOp):
     """``torchcond_switch(index, branch_graph_0, ..., branch_graph_n, operands)``.
 
     Branches are positional, not one tuple: torch.export's serialization schema has
@@ -253,7 +270,13 @@ def _install(form: Form) -> None:
     def autograd(*args):
         # Not py_autograd_impl: that skips the rule when no operand requires grad,
         # before closures (parameters a branch reads) have been made operands.
+        if takes_first(op):  # a mode that traces nothing decides first (modes.py)
+            return modes_autograd_rule(form, *unpack(args))
         return autograd_rule(form, *unpack(args))
+
+    @op.py_impl(FlopCounterDispatchMode)
+    def count_flops(mode, *args):
+        return flop_rule(form, mode, *unpack(args))
 
     @op.py_impl(FakeTensorMode)
     def fake(mode, *args):
