@@ -28,7 +28,8 @@ from .._compat import dynamo as _compat_dynamo
 from .._compat import export as _compat_export
 from .._compat import inductor as _compat_inductor
 from .._compat import onnx as _compat_onnx
-from ..errors import CondArgumentError, CondError
+from ..errors import CondArgumentError, CondError, UnsupportedCondError
+from . import distributed
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
 from .closures import trace_in_session
@@ -119,12 +120,40 @@ def _dense(form: Form, selector, branches, operands):
 
 def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
     """The selector is unknown: run every branch on fake tensors and merge."""
+    if _subclass_rule(form.op, (selector, *operands)) is not None:
+        return NotImplemented  # e.g. DTensors: their rule (distributed.py) runs on locals
     with mode:
         # Unbacked sizes inside a branch are the subgraph's own; the merged sizes are
         # fresh symbols of this node, so the tracer records where they come from.
         with _compat.ignore_fresh_unbacked(mode):
             outs = [tuple(b(*operands)) for b in branches]
         return _merged(form, branches, outs, mode.shape_env)
+
+
+def _subclass_rule(op, values):
+    """The rule ``op`` has for a tensor subclass among ``values`` (DTensor), or None."""
+    for v in values:
+        if isinstance(v, torch.Tensor) and type(v) in op.python_key_table:
+            return op.python_key_table[type(v)]
+    return None
+
+
+def _refuse_subclass_training(form: Form, selector, operands) -> None:
+    """AOTAutograd's joint trace (torch.compile with gradients) over tensor subclasses
+    with a rule of their own (DTensor) would differentiate branches over the subclass
+    while its tracer holds only the inner tensors: refused by name, not failed inside."""
+    if not torch.is_grad_enabled() or _compat.functional_mode() is None:
+        return
+    if readable_on_host(selector):
+        return
+    if _subclass_rule(form.op, (selector, *operands)) is None:
+        return
+    kinds = sorted({type(t).__name__ for t in operands if type(t) in form.op.python_key_table})
+    raise UnsupportedCondError(
+        f"{form.name}: differentiating a traced conditional over {', '.join(kinds)} operands "
+        "(torch.compile or AOTAutograd with gradients) is not supported yet; compile "
+        "under torch.no_grad(), or run the conditional eagerly (a Python if)"
+    )
 
 
 def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operands):
@@ -272,7 +301,9 @@ def _install(form: Form) -> None:
         # before closures (parameters a branch reads) have been made operands.
         if takes_first(op):  # a mode that traces nothing decides first (modes.py)
             return modes_autograd_rule(form, *unpack(args))
-        return autograd_rule(form, *unpack(args))
+        selector, branches, operands = unpack(args)
+        _refuse_subclass_training(form, selector, operands)
+        return autograd_rule(form, selector, branches, operands)
 
     @op.py_impl(FlopCounterDispatchMode)
     def count_flops(mode, *args):
@@ -306,3 +337,4 @@ _compat_dynamo.install(
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
 _compat_inductor.install(cond_op, switch_op, in_place)
 _compat_onnx.install(onnx_translations(cond_op, switch_op))
+distributed.install(tuple(_FORMS.values()))

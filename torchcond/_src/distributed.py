@@ -1,0 +1,178 @@
+"""Conditionals over DTensors (``torch.distributed.tensor``): one rule, on both operators.
+
+A DTensor is one logical tensor spread over a device mesh: every rank holds a local
+tensor, and its placements (``Replicate()``, ``Shard(dim)``, ``Partial()``) say how
+the local tensors make up the whole. A conditional over DTensors does what the same
+code written with a Python ``if`` does, with every rank taking the same branch:
+
+* The selector must have one value on every rank: a plain tensor, or a DTensor whose
+  placements are all ``Replicate()``. Any other DTensor selector is refused
+  (``CondArgumentError``, naming what reduces it): ranks reading their own parts
+  could take different branches, and then wait forever in different collectives.
+* Where the selector can be read (eagerly), the taken branch runs on the DTensors
+  themselves, so DTensor propagates shardings through it, and issues collectives, as
+  it would through plain code.
+* Otherwise (a trace that unwraps DTensors, as AOTAutograd does under
+  ``torch.compile``) the operator runs on the local tensors, each branch wrapping them
+  back into DTensors, so the branch graphs hold the local ops and collectives that
+  DTensor chose. Every branch must then give each output the same mesh and placements
+  (``BranchMismatchError`` otherwise): one graph has one layout per output.
+
+Importing ``torch.distributed.tensor`` takes time, so nothing here imports it: the rule
+is registered once the program imports it (``after_import``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import torch
+
+from .. import _compat
+from .._compat.after_import import when_imported
+from ..errors import BranchMismatchError, CondArgumentError
+from .forms import HOST_READABLE, Form, readable_on_host, unpack
+
+_DTENSOR_MODULE = "torch.distributed.tensor"
+
+
+class _Layout(NamedTuple):
+    """How a DTensor lies on its mesh: what wraps a local tensor back into it."""
+
+    mesh: Any
+    placements: tuple
+    shape: torch.Size | None  # the global shape; None: inferred from the local one
+    stride: tuple | None
+
+
+def install(forms) -> None:
+    """The rule on the operators of ``forms``, once ``torch.distributed.tensor`` is
+    imported."""
+    when_imported(_DTENSOR_MODULE, lambda module: _register(module, forms))
+
+
+def _register(module: ModuleType, forms) -> None:
+    dtensor = module.DTensor
+    HOST_READABLE[dtensor] = _replicated
+    for form in forms:
+        _install(form, dtensor)
+
+
+def _replicated(t: Any) -> bool:
+    """Every process holds the DTensor's whole value: it can be read on the host."""
+    return all(p.is_replicate() for p in t.placements)
+
+
+def _install(form: Form, dtensor: Any) -> None:
+    @form.op.py_impl(dtensor)
+    def rule(*args):
+        return _on_dtensors(form, dtensor, *unpack(args))
+
+
+def _on_dtensors(form: Form, dtensor: Any, selector, branches, operands):
+    """DTensors among the selector and the operands: see the module docstring."""
+    if isinstance(selector, dtensor):
+        selector = _replicated_value(form, selector)
+    if readable_on_host(selector):
+        return form.taken_branch(selector, branches)(*operands)
+    layouts = [_layout_of(t, dtensor) for t in operands]
+    local = tuple(t if lay is None else t.to_local() for t, lay in zip(operands, layouts))
+    returned: list = [None] * len(branches)  # each branch's output layouts, once it ran
+    local_branches = [
+        _on_local(branch, layouts, dtensor, returned, i) for i, branch in enumerate(branches)
+    ]
+    out = form.op(selector, *local_branches, local)
+    if all(r is None for r in returned):  # no branch ran: nothing is returned
+        return out
+    return _wrapped(out, _agreed(form.labels(len(branches)), returned), dtensor)
+
+
+def _replicated_value(form: Form, selector):
+    """The selector's local tensor, which holds its whole value on every rank."""
+    if _replicated(selector):
+        return selector.to_local()
+    arg = form.selector_arg
+    raise CondArgumentError(
+        f"{form.name}: argument '{arg}' is a DTensor placed as {tuple(selector.placements)}, "
+        "so ranks hold different parts of its value and could take different branches; "
+        f"reduce it to one value on every rank first: {arg}.full_tensor(), or "
+        f"{arg}.redistribute(placements=[Replicate()] * {arg}.device_mesh.ndim)"
+    )
+
+
+def _on_local(
+    branch: Callable, layouts: Sequence[_Layout | None], dtensor: Any, returned: list, i: int
+) -> Callable:
+    """``branch`` on local tensors: they are wrapped into the operands' DTensors, and its
+    outputs unwrapped, their layouts recorded in ``returned[i]``."""
+
+    def local_branch(*local):
+        out = tuple(branch(*_wrapped(local, layouts, dtensor)))
+        returned[i] = [_layout_of(o, dtensor) for o in out]
+        return tuple(o if lay is None else o.to_local() for o, lay in zip(out, returned[i]))
+
+    return local_branch
+
+
+def _layout_of(value, dtensor: Any) -> _Layout | None:
+    if not isinstance(value, dtensor):
+        return None
+    return _Layout(value.device_mesh, tuple(value.placements), value.shape, value.stride())
+
+
+def _wrapped(values, layouts: Sequence[_Layout | None], dtensor: Any) -> tuple:
+    return tuple(
+        v
+        if lay is None
+        else dtensor.from_local(
+            v, lay.mesh, lay.placements, run_check=False, shape=lay.shape, stride=lay.stride
+        )
+        for v, lay in zip(values, layouts)
+    )
+
+
+def _agreed(labels: Sequence[str], returned: list) -> list[_Layout | None]:
+    """One layout per output, that of every branch that ran; its global shape and
+    stride only where all of theirs are statically equal (else inferred from the local
+    tensor, as ``from_local`` does: even sharding)."""
+    ran = [(label, outs) for label, outs in zip(labels, returned) if outs is not None]
+    (first_label, first), rest = ran[0], ran[1:]
+    agreed: list[_Layout | None] = []
+    for j, lay in enumerate(first):
+        for label, outs in rest:
+            other = outs[j]
+            if lay is None and other is None:
+                continue
+            if lay is None or other is None or lay.placements != other.placements:
+                found = f"{first_label} gives {_describe(lay)} and {label} {_describe(other)}"
+            elif lay.mesh != other.mesh:
+                found = f"{first_label} and {label} give DTensors on different device meshes"
+            else:
+                continue
+            raise BranchMismatchError.at(
+                "output",
+                j,
+                "{path}: branches must agree on DTensor placements when the conditional is "
+                f"traced; {found} (redistribute one of them in its branch)",
+            )
+        if lay is not None and not all(_same_sizes(lay, outs[j]) for _, outs in rest):
+            lay = lay._replace(shape=None, stride=None)
+        agreed.append(lay)
+    return agreed
+
+
+def _same_sizes(a: _Layout, b: _Layout) -> bool:
+    pairs = [(a.shape, b.shape), (a.stride, b.stride)]
+    return all(
+        x is not None
+        and y is not None
+        and len(x) == len(y)
+        and all(_compat.same_size(p, q) for p, q in zip(x, y))
+        for x, y in pairs
+    )
+
+
+def _describe(layout: _Layout | None) -> str:
+    return "a plain tensor" if layout is None else f"a DTensor placed as {layout.placements}"
