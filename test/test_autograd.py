@@ -750,3 +750,138 @@ def test_second_derivative_traces_each_derivative_graph_once(monkeypatch):
     assert traces.count == 6  # forward, vjp and vjp of the vjp, two branches each
     for x in (POS, NEG):
         torch.testing.assert_close(gm(x), second(leaf(x)))
+
+
+# --- torch.func inside a trace: closures, constants, vjp_fn, forward over forward ------
+
+Y = torch.tensor(2.0, dtype=torch.float64)
+
+
+def closing_over(y):
+    """A cond whose true branch reads ``y`` without receiving it."""
+    return lambda x: cond(x.sum() < 3, lambda a: a * y, lambda a: 2.0 * a, (x,))
+
+
+def closing_over_if(x, y):
+    return x * y if x.sum() < 3 else 2.0 * x
+
+
+def _per_argnum(transform):
+    """``transform`` of ``f(x, y)`` with respect to x and with respect to y."""
+    return {
+        "grad_x": lambda f, x, y: torch.func.grad(lambda x, y: f(x, y).sum(), argnums=0)(x, y),
+        "grad_y": lambda f, x, y: torch.func.grad(lambda x, y: f(x, y).sum(), argnums=1)(x, y),
+        "jvp_x": lambda f, x, y: torch.func.jvp(lambda x: f(x, y), (x,), (torch.ones_like(x),))[1],
+        "jvp_y": lambda f, x, y: torch.func.jvp(lambda y: f(x, y), (y,), (torch.ones_like(y),))[1],
+        "jacrev_y": lambda f, x, y: torch.func.jacrev(f, argnums=1)(x, y),
+        "jacfwd_y": lambda f, x, y: torch.func.jacfwd(f, argnums=1)(x, y),
+        "hessian_xy": lambda f, x, y: torch.func.hessian(
+            lambda x, y: f(x, y).sum(), argnums=(0, 1)
+        )(x, y),
+    }[transform]
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+@pytest.mark.parametrize(
+    "transform",
+    ["grad_x", "grad_y", "jvp_x", "jvp_y", "jacrev_y", "jacfwd_y", "hessian_xy"],
+)
+def test_torch_func_in_make_fx_differentiates_what_a_branch_closes_over(mode, transform):
+    apply = _per_argnum(transform)
+
+    def with_cond(x, y):
+        return closing_over(y)(x)
+
+    gm = make_fx(lambda x, y: apply(with_cond, x, y), tracing_mode=mode)(POS * 0.1, Y)
+    for x in (POS * 0.1, POS * 2):  # true branch, then false
+        for y in (Y, Y * 3):
+            torch.testing.assert_close(gm(x, y), apply(closing_over_if, x, y))
+
+
+def test_torch_func_in_make_fx_with_a_nested_switch_reading_an_outer_index():
+    def f(x, k):
+        i = k.sum().to(torch.int64)  # computed outside, read inside: a closure
+        inner = lambda a: switch(i, [torch.sin, torch.cos, torch.tanh], (a,))  # noqa: E731
+        return cond(x.sum() > 0, inner, lambda a: a * 3, (x,))
+
+    def f_if(x, k):
+        fns = [torch.sin, torch.cos, torch.tanh]
+        return fns[min(max(int(k.sum()), 0), 2)](x) if x.sum() > 0 else x * 3
+
+    grad = lambda f: lambda x, k: torch.func.grad(lambda x: f(x, k).sum())(x)  # noqa: E731
+    k = torch.tensor([1.0])
+    gm = make_fx(grad(f), tracing_mode="symbolic")(POS, k)
+    for x in (POS, NEG - 3):
+        for k in (torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([7.0])):
+            torch.testing.assert_close(gm(x, k), grad(f_if)(x, k))
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+def test_a_branch_that_makes_a_constant_differentiates_in_make_fx(mode):
+    def f(x):
+        return cond(
+            x.sum() < 3, lambda a: torch.tensor(2.0, dtype=a.dtype), lambda a: 2.0 * a.sum(), (x,)
+        )
+
+    def f_if(x):
+        return torch.tensor(2.0, dtype=x.dtype) if x.sum() < 3 else 2.0 * x.sum()
+
+    gm = make_fx(torch.func.grad(f), tracing_mode=mode)(POS * 0.1)
+    for x in (POS * 0.1, POS * 2):
+        torch.testing.assert_close(gm(x), torch.func.grad(f_if)(x))
+
+
+def test_a_branch_that_makes_a_constant_trains_under_aot_autograd():
+    from functorch.compile import aot_function, nop
+
+    def f(x):
+        return cond(
+            x.sum() < 3, lambda a: torch.tensor(2.0, dtype=a.dtype), lambda a: 2.0 * a.sum(), (x,)
+        )
+
+    def loss(f):
+        return lambda x: f(x) + x.sum()  # differentiable whichever branch is taken
+
+    compiled = aot_function(loss(f), nop, nop)
+    for x in (POS * 0.1, POS * 2):
+        got, want = leaf(x), leaf(x)
+        compiled(got).backward()
+        loss(f)(want).backward()
+        torch.testing.assert_close(got.grad, want.grad)
+
+
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+def test_make_fx_of_a_torch_func_vjp_fn(mode):
+    f = lambda x: cond(x.sum() > 0, torch.sin, torch.cos, (x,))  # noqa: E731
+    f_if = lambda x: x.sin() if x.sum() > 0 else x.cos()  # noqa: E731
+
+    def pullback(f):
+        return lambda x, ct: torch.func.vjp(f, x)[1](ct)[0]
+
+    gm = make_fx(pullback(f), tracing_mode=mode)(POS, torch.ones(3, dtype=torch.float64))
+    for x in (POS, NEG - 3):
+        ct = torch.randn(3, dtype=torch.float64)
+        torch.testing.assert_close(gm(x, ct), pullback(f_if)(x, ct))
+
+
+def _jvp_of_jvp(f):
+    def inner(x):
+        return torch.func.jvp(f, (x,), (torch.ones_like(x),))[1]
+
+    return lambda x: torch.func.jvp(inner, (x,), (torch.ones_like(x),))[1]
+
+
+@pytest.mark.parametrize("op", ["cond", "switch"])
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+def test_forward_over_forward_traces(op, mode):
+    if op == "cond":
+        f = lambda x: cond(x.sum() > 0, torch.sin, torch.cos, (x,))  # noqa: E731
+        f_if = lambda x: x.sin() if x.sum() > 0 else x.cos()  # noqa: E731
+    else:
+        fns = [torch.sin, torch.cos, torch.exp]
+        f = lambda x: switch((x.sum() > 0).long() * 2, fns, (x,))  # noqa: E731
+        f_if = lambda x: fns[2 if x.sum() > 0 else 0](x)  # noqa: E731
+    gm = make_fx(_jvp_of_jvp(f), tracing_mode=mode)(POS)
+    for x in (POS, NEG - 3):
+        torch.testing.assert_close(gm(x), _jvp_of_jvp(f_if)(x))
+    torch.func.jacfwd(torch.sin)(POS)  # forward AD still works afterwards

@@ -291,3 +291,16 @@ def test_run_decompositions_keeps_the_branch_stack_traces():
             if n.op == "call_function"
         ]
         assert traces and all("test_export.py" in t for t in traces), (name, traces)
+
+
+class OneTensorTwice(torch.nn.Module):
+    def forward(self, x):
+        return cond(x.sum() == 0, torch.add, torch.mul, (x, x))
+
+
+@STRICTNESS
+def test_one_tensor_passed_as_two_operands(strict):
+    ep = export(OneTensorTwice(), (torch.tensor([2, 3]),), strict=strict)
+    loaded = round_trip(ep).module()
+    for x in (torch.tensor([2, 3]), torch.tensor([0, 0]), torch.tensor([-1, 1])):
+        torch.testing.assert_close(loaded(x), OneTensorTwice()(x))

@@ -123,6 +123,26 @@ def functorch_base(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# A grad/jvp wrapper whose torch.func level has ended dispatches to this key with no
+# interpreter to take it (a vjp_fn called after torch.func.vjp returned); aten ops
+# unwrap such wrappers in a C++ fallback, a higher-order operator by hand
+# (``unwrap_if_dead``). Checked on 2.11-2.15.
+DEAD_WRAPPER_KEY = DispatchKey.FuncTorchGradWrapper
+
+
+def unwrap_if_dead(value):
+    if isinstance(value, torch.Tensor):
+        return torch._C._functorch.unwrap_if_dead(value)
+    return value
+
+
+def transform_inner(value):
+    """What a torch.func level's wrapper (grad, jvp, vmap) wraps; None otherwise."""
+    if isinstance(value, torch.Tensor) and _is_functorch_wrapped(value):
+        return functorch_base(value)
+    return None
+
+
 def is_vmapped(t: torch.Tensor) -> bool:
     """True when ``t`` is batched at any functorch level (vmap, vmap of grad, ...)."""
     while _is_functorch_wrapped(t):
@@ -427,6 +447,14 @@ def every_mode_set_aside():
         _disable_current_modes(),
     ):
         yield
+
+
+def transform_levels_set_aside():
+    """No torch.func level active: a level's wrappers then act as the tensors they
+    wrap, as in a HOP's branch tracing (checked on 2.11-2.15)."""
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+    return temporarily_clear_interpreter_stack()
 
 
 def functional_inner(value):

@@ -61,8 +61,13 @@ def _take_operand_names(subgraph, operands, build_cache, rename_without_collisio
             i = placeholders.index(node)
             operand = operands[i] if i < len(operands) else None
             if isinstance(operand, torch.fx.Node):
-                name_map[node.name] = operand.name
-                node.name = node.target = operand.name
+                name = operand.name
+                if name in used_names:  # one tensor passed as two operands: x, x_1
+                    name = rename_without_collisions(
+                        name_map, find_available, used_names, node.name, name
+                    )
+                name_map[node.name] = name
+                node.name = node.target = name
             build_cache(node.name, find_available, used_names)
         else:
             node.name = rename_without_collisions(

@@ -41,6 +41,7 @@ from .tracing import (
     materialize_graph,
     pending_writes,
     plain,
+    refuse_writes_under_transform,
     renamed_copy,
     runs_custom_forward,
     session_graphs,
@@ -115,6 +116,9 @@ def functorch_rule(form: Form, selector, branches, operands):
     ``Conditional`` is a functorch-aware autograd.Function (``setup_context`` form),
     so applying it under the transform differentiates it with the rules below.
     """
+    n = len(operands)
+    branches, operands, written = closures.lift_under_transform(form, branches, tuple(operands))
+    refuse_writes_under_transform(written, n, form.labels(len(branches)))
     return Conditional.apply(form, selector, tuple(branches), None, *operands)
 
 
@@ -321,8 +325,14 @@ def _jvp_of(
         )
         pairs = [(g, t) for g, t in zip(vjps, tangents) if g is not None and g.requires_grad]
         if pairs:
+            # create_graph, as in _vjp_of: the ops run with grad on, so that a
+            # derivative of this graph (forward over forward) goes through them.
             jt = torch.autograd.grad(
-                [g for g, _ in pairs], dummies, [t for _, t in pairs], allow_unused=True
+                [g for g, _ in pairs],
+                dummies,
+                [t for _, t in pairs],
+                allow_unused=True,
+                create_graph=True,
             )
             for j, value in zip(varied, jt):
                 if value is not None:

@@ -17,6 +17,7 @@ import torch
 
 from .. import _compat
 from ..errors import BranchMutationError
+from .closures import Mapped
 from .forms import Form
 from .strategies import run_all_and_select, run_every_branch, select_outputs
 from .tracing import written_back
@@ -85,9 +86,7 @@ def _unbatch_all(operands, level):
 
 def vmapped_branches(branches: Sequence[Callable], in_dims: Sequence, randomness: str):
     """Each branch under ``torch.vmap``, batch dimension first on every output."""
-    return [
-        torch.vmap(b, in_dims=tuple(in_dims), out_dims=0, randomness=randomness) for b in branches
-    ]
+    return [Mapped(b, tuple(in_dims), randomness) for b in branches]
 
 
 def run_all_and_select_batched(

@@ -13,13 +13,15 @@ replaced, at every torch function call, by the value passed in its place.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
 
 from .. import _compat
 from .._compat import pytree
-from . import subgraph
+from ..errors import UnsupportedCondError
+from . import subgraph, tracing
 from .forms import Form
 from .subgraph import getattr_path
 from .tracing import SessionGraph, Traced, functionalized, plain, trace_branches
@@ -56,7 +58,12 @@ def lift(form: Form, branches, operands: tuple):
 
 
 def trace_in_session(
-    tracer, fns: Sequence[Callable], operands: tuple, labels: Sequence[str], mode=None
+    tracer,
+    fns: Sequence[Callable],
+    operands: tuple,
+    labels: Sequence[str],
+    mode=None,
+    lift_also: Callable[[object], bool] = tracing.lifts_nothing_else,
 ) -> Traced:
     """``tracing.trace_branches`` for functions called with autograd's view of the operands.
 
@@ -65,25 +72,135 @@ def trace_in_session(
     traced as the Functionalize rule would trace them (which then passes the graphs
     on), and what was lifted is mapped back to its functional wrapper. ``mode``: the
     functionalization mode, where it is not the active one (the Functionalize rule).
+    ``lift_also``: as for ``tracing.trace_branches``.
     """
     mode = mode or _compat.functional_mode()
     if mode is None:
-        return trace_branches(tracer, fns, operands, labels)
-    wrappers = FunctionalWrappers()
+        return trace_branches(tracer, fns, operands, labels, lift_also=lift_also)
+    wrappers = Wrappers(_compat.functional_inner)
     with _compat.outside_functional_mode():
         functional = [
             functionalized(_recording(f, wrappers), mode, label) for f, label in zip(fns, labels)
         ]
         inner = _compat.unwrap_functional(operands)
-        traced = trace_branches(tracer, functional, inner, labels, functional=True)
+        traced = trace_branches(
+            tracer, functional, inner, labels, functional=True, lift_also=lift_also
+        )
     lifted = tuple(wrappers.outer(v) for v in traced.operands[len(operands) :])
     return traced._replace(operands=operands + lifted)
+
+
+def lift_under_transform(form: Form, branches, operands: tuple):
+    """``lift`` for a torch.func transform that differentiates the conditional.
+
+    The transform sees only the operands, so a tensor a branch closes over would get
+    no gradient, and derivative graphs traced later would close over it. The
+    branches run once with the transform's levels set aside, and every tensor of a
+    level they read becomes an operand. Inside a make_fx session that run is the
+    branches' trace, whose lifted closures map back to the tensors of the levels.
+    Returns the branches, the operands, and the positions some branch writes to.
+    """
+    if all(closure_free(b) for b in branches):
+        return branches, operands, ()
+    tracer = _compat.active_fx_tracer()
+    wrappers = Wrappers(_compat.transform_inner)
+    stand_ins = _StandIns(_compat.fake_mode_of(operands))
+    fns = [_recording(b, wrappers, stand_ins) for b in branches]
+    with _compat.transform_levels_set_aside(), _compat.below_autograd():
+        inner = tuple(stand_ins.operand(t) for t in operands)
+        if tracer is not None:
+            labels = form.labels(len(branches))
+            traced = trace_in_session(tracer, fns, inner, labels, lift_also=stand_ins.made)
+            lifted = tuple(
+                stand_ins.outer(v, wrappers.outer) for v in traced.operands[len(operands) :]
+            )
+            return traced.branches, operands + lifted, traced.written
+        for fn in fns:  # on fake or meta tensors: the selector is not readable
+            fn(*inner)
+    found = wrappers.outer_values() + stand_ins.outer_values()
+    if not found:
+        return branches, operands, ()
+    return [bind(b, found, len(operands)) for b in branches], operands + found, ()
+
+
+class _StandIns(torch.overrides.TorchFunctionMode):
+    """A tensor batched by a vmap level set aside, replaced at every torch function
+    call by a fresh tensor of its per-example shape.
+
+    With the torch.func levels set aside, a batched tensor acts as the whole batch;
+    a branch run on stand-ins is the per-example function the levels map over. A
+    vmap inside the branch batches tensors of its own (whose bases the branch was
+    given or made): those stay.
+    """
+
+    def __init__(self, fake_mode):
+        super().__init__()
+        self._fake_mode = fake_mode
+        self._by_id: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._made: set[int] = set()
+        # Tensors the branch was given or made; kept alive so their ids stay theirs.
+        self._own: dict[int, torch.Tensor] = {}
+
+    def operand(self, value):
+        """An operand as a branch traced with the levels set aside receives it."""
+        if isinstance(value, torch.Tensor) and not _compat.is_vmapped(value):
+            value = _compat.functorch_base(value)
+        return self._owned(self._stand_in(value))
+
+    def _stand_in(self, value):
+        """A batched tensor from outside the branch as its stand-in; else ``value``."""
+        if not isinstance(value, torch.Tensor) or not _compat.is_vmapped(value):
+            return value
+        if id(_compat.functorch_base(value)) in self._own:
+            return value
+        hit = self._by_id.get(id(value))
+        if hit is None:
+            if _compat.functional_mode() is not None:
+                raise UnsupportedCondError(
+                    "a torch.func transform inside vmap, over a conditional traced with "
+                    "functionalization whose branch reads a batched tensor, is not "
+                    "supported; pass the tensor as an operand of the conditional"
+                )
+            with _compat.disable_proxy_modes_tracing(), self._fake_mode or contextlib.nullcontext():
+                stand_in = torch.empty(value.shape, dtype=value.dtype, device=value.device)
+            hit = self._by_id[id(value)] = (value, stand_in)
+            self._made.add(id(stand_in))
+        return hit[1]
+
+    def _owned(self, value):
+        if isinstance(value, torch.Tensor):
+            self._own[id(value)] = value
+        return value
+
+    def made(self, value) -> bool:
+        return id(value) in self._made
+
+    def outer(self, value, otherwise: Callable):
+        """The tensor a stand-in stands for; ``otherwise(value)`` for anything else."""
+        for wrapper, stand_in in self._by_id.values():
+            if stand_in is value:
+                return wrapper
+        return otherwise(value)
+
+    def outer_values(self) -> tuple:
+        """The batched tensors read, operands aside, in order of first use."""
+        return tuple(w for w, s in self._by_id.values())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        args, kwargs = pytree.tree_map_only(torch.Tensor, self._stand_in, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        pytree.tree_map_only(torch.Tensor, self._owned, out)
+        return out
 
 
 def _given_as_is(branch) -> bool:
     """A graph the rules below may trace, rather than this session now: one of aten
     ops that writes to none of its inputs (whose new values autograd must see)."""
-    return _aten_level(branch) and not subgraph.written_inputs(branch)
+    return (
+        isinstance(branch, torch.fx.GraphModule)
+        and _aten_level(branch)
+        and not subgraph.written_inputs(branch)
+    )
 
 
 def _aten_level(gm: torch.fx.GraphModule) -> bool:
@@ -104,16 +221,36 @@ def _aten_level(gm: torch.fx.GraphModule) -> bool:
 _BUILTIN_MODULES = frozenset({"_operator", "operator", "builtins", "math"})
 
 
-def _recording(branch, mode):
+def _recording(branch, *modes):
+    """``branch`` run under ``modes``, the last one innermost (the first to see a call)."""
+
     def run(*args):
-        with mode:
+        with contextlib.ExitStack() as stack:
+            for mode in modes:
+                stack.enter_context(mode)
             return branch(*args)
 
     return run
 
 
+class Mapped:
+    """``branch`` under ``torch.vmap``, batch dimension first on every output: a
+    function that closes over nothing ``branch`` does not."""
+
+    def __init__(self, branch, in_dims: tuple, randomness: str):
+        self.branch = branch
+        self._mapped = torch.vmap(branch, in_dims=in_dims, out_dims=0, randomness=randomness)
+        self.__name__ = "mapped"
+
+    def __call__(self, *args):
+        return self._mapped(*args)
+
+
 def closure_free(branch) -> bool:
-    """A GraphModule that reads nothing but its placeholders (and nested branch graphs)."""
+    """A GraphModule that reads nothing but its placeholders (and nested branch graphs),
+    or such a function mapped by vmap."""
+    if isinstance(branch, Mapped):
+        return closure_free(branch.branch)
     if isinstance(branch, SessionGraph):
         return True
     if not isinstance(branch, torch.fx.GraphModule):
@@ -175,23 +312,30 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
     return bound
 
 
-class FunctionalWrappers(torch.overrides.TorchFunctionMode):
-    """Records every functional tensor passed to a torch function, by what it wraps.
+class Wrappers(torch.overrides.TorchFunctionMode):
+    """Records every wrapper tensor passed to a torch function, by what it wraps.
 
-    The tracer knows unwrapped tensors; autograd knows their functional wrappers.
-    A closure lifted from a functionalized trace is mapped back with ``outer``.
+    The tracer knows unwrapped tensors; autograd or a torch.func transform knows
+    their wrappers. ``inner_of(value)`` is what ``value`` wraps, or None for a tensor
+    that is no such wrapper. A closure lifted from the trace is mapped back with
+    ``outer``.
     """
 
-    def __init__(self):
+    def __init__(self, inner_of: Callable):
         super().__init__()
+        self._inner_of = inner_of
         self._by_inner: dict[int, tuple] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         for value in pytree.tree_leaves((args, kwargs)):
-            inner = _compat.functional_inner(value)
+            inner = self._inner_of(value)
             if inner is not None:
                 self._by_inner[id(inner)] = (inner, value)
         return func(*args, **(kwargs or {}))
+
+    def outer_values(self) -> tuple:
+        """Every wrapper recorded, in order of first use."""
+        return tuple(outer for _, outer in self._by_inner.values())
 
     def outer(self, value):
         hit = self._by_inner.get(id(value))

@@ -75,6 +75,15 @@ def readable(op, selector) -> bool:
 # --- the rules ------------------------------------------------------------------------
 
 
+def readable_under_transform(op, selector) -> bool:
+    """``readable`` for a selector a torch.func level wraps, unless it is per example."""
+    if isinstance(selector, torch.Tensor) and _compat.is_functorch_wrapped(selector):
+        if _compat.is_vmapped(selector):
+            return False
+        selector = _compat.functorch_base(selector)
+    return readable(op, selector)
+
+
 def takes_first(op) -> bool:
     """A mode that traces nothing is on top: it takes the conditional at the Autograd
     key, ahead of the conditional's autograd rule (which, seeing a mode, would treat the

@@ -35,7 +35,14 @@ from .batching import vmap_rule
 from .closures import trace_in_session
 from .forms import Form, cond_form, pack, readable_on_host, switch_form, unpack
 from .merge import check_agreement, merge_branch_outputs
-from .modes import USER_MODES, flop_rule, python_key_rule, takes_first, top_kind
+from .modes import (
+    USER_MODES,
+    flop_rule,
+    python_key_rule,
+    readable_under_transform,
+    takes_first,
+    top_kind,
+)
 from .modes import autograd_rule as modes_autograd_rule
 from .pytrees import raise_named
 from .reinplace import in_place
@@ -255,7 +262,7 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     differentiate the conditional into conditionals (autograd.py), and vmap maps
     every branch (batching.py).
     """
-    if readable_on_host(selector):
+    if readable_on_host(selector) or readable_under_transform(form.op, selector):
         return form.taken_branch(selector, branches)(*operands)
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
         if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
@@ -267,6 +274,12 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
             )
         return functorch_rule(form, selector, branches, operands)
     return vmap_rule(form, interpreter, selector, branches, operands)
+
+
+def _dead_wrappers(form: Form, selector, branches, operands):
+    """Tensors of a torch.func level that has ended are the tensors they wrap."""
+    operands = tuple(map(_compat.unwrap_if_dead, operands))
+    return form.op(*pack(_compat.unwrap_if_dead(selector), branches, operands))
 
 
 # --- helpers -------------------------------------------------------------------------
@@ -304,6 +317,10 @@ def _install(form: Form) -> None:
         selector, branches, operands = unpack(args)
         _refuse_subclass_training(form, selector, operands)
         return autograd_rule(form, selector, branches, operands)
+
+    @op.py_impl(_compat.DEAD_WRAPPER_KEY)
+    def dead_wrappers(*args):
+        return _dead_wrappers(form, *unpack(args))
 
     @op.py_impl(FlopCounterDispatchMode)
     def count_flops(mode, *args):

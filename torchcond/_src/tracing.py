@@ -73,10 +73,17 @@ def _refuse_writes_under_derivative(written: Sequence[int], n_operands: int, lab
     the derivative recomputes the branches from operands the write-back would change.
 
     The Autograd rule traces writing branches itself, before its ``autograd.Function``,
-    and writes back above it; branches first traced inside one are a torch.func
-    transform's (``autograd.functorch_rule``).
+    and writes back above it.
     """
-    if not written or not _IN_CONDITIONAL_FORWARD.get():
+    if _IN_CONDITIONAL_FORWARD.get():
+        refuse_writes_under_transform(written, n_operands, labels)
+
+
+def refuse_writes_under_transform(written: Sequence[int], n_operands: int, labels) -> None:
+    """Refuse writes to the inputs of a conditional a torch.func transform
+    differentiates: its derivative recomputes the branches from the operands, which
+    the write would change."""
+    if not written:
         return
     message = (
         f"{' / '.join(labels)} writes in place to {{path}} inside a conditional that a "
@@ -212,19 +219,26 @@ def _lift_key(value) -> int:
     return id(value.node) if isinstance(value, torch.SymInt) else id(value)
 
 
+def lifts_nothing_else(value) -> bool:
+    return False
+
+
 def trace_branches(
     parent_tracer,
     branches: Sequence[Callable],
     operands: tuple,
     labels: Sequence[str],
     functional: bool = False,
+    lift_also: Callable[[object], bool] = lifts_nothing_else,
 ) -> Traced:
     """Trace every branch into a GraphModule taking the same flat inputs.
 
     The graphs are checked and rewritten by ``session_graphs``. ``functional``: the
     branches are traced under functionalization (recorded on the SessionGraphs).
+    ``lift_also(value)``: a tensor the enclosing trace does not know that is a
+    closure all the same (a stand-in for a batched tensor, closures.py).
     """
-    traced = [trace_lifting(b, operands, parent_tracer) for b in branches]
+    traced = [trace_lifting(b, operands, parent_tracer, lift_also=lift_also) for b in branches]
     lifted: dict[int, object] = {}
     for _, branch_lifted in traced:
         for value, _node in branch_lifted:
@@ -415,11 +429,13 @@ class _LiftingTracker:
     caller can pass it in as an explicit operand.
     """
 
-    def __init__(self, base, sub_tracer, parent_tracer, lifted: list):
+    def __init__(self, base, sub_tracer, parent_tracer, lifted: list, constants: bool, also):
         self._base = base
         self._sub = sub_tracer
         self._parent = parent_tracer
         self._lifted = lifted
+        self._constants = constants
+        self._also = also
 
     def get(self, key, default=None):
         value = self._base.get(key)
@@ -450,7 +466,9 @@ class _LiftingTracker:
         if outer is not None:
             outer_proxy = outer.proxy if isinstance(key, torch.Tensor) else outer.force()
             name = outer_proxy.node.name
-        elif _compat.is_real_tensor(key):
+        elif self._also(key):
+            name = "closure"
+        elif self._constants and _compat.is_real_tensor(key):
             # A plain tensor attribute or global: a constant of the whole program. It
             # is lifted too, so the enclosing graph owns it (export lifts constants).
             name = "closed_over_constant"
@@ -477,13 +495,20 @@ class _LiftingTracker:
 
 
 def trace_lifting(
-    fn: Callable, args: tuple, parent_fx_tracer, user_stack_traces: bool = True
+    fn: Callable,
+    args: tuple,
+    parent_fx_tracer,
+    user_stack_traces: bool = True,
+    lift_constants: bool = True,
+    lift_also: Callable[[object], bool] = lifts_nothing_else,
 ) -> tuple[torch.fx.GraphModule, list]:
     """make_fx ``fn`` as a subgraph of the current trace, lifting closures.
 
     Returns the GraphModule and ``[(value, placeholder_node), ...]`` for every value
     lifted, in first-use order. With ``user_stack_traces`` nodes carry the user's
-    stack trace; without, they keep what the graph being re-run recorded.
+    stack trace; without, they keep what the graph being re-run recorded. Without
+    ``lift_constants`` a real tensor the enclosing trace does not know stays a
+    constant of the subgraph. ``lift_also``: as for ``trace_branches``.
     """
     parent = _compat.current_make_fx_tracer()
     if parent.fx_tracer is not parent_fx_tracer:
@@ -499,7 +524,10 @@ def trace_lifting(
     with _compat.sub_tracer_modes(sub, parent):
         fx_tracer = sub.fx_tracer
         _compat.wrap_proxy_slots(
-            fx_tracer, lambda table: _LiftingTracker(table, fx_tracer, parent_fx_tracer, lifted)
+            fx_tracer,
+            lambda table: _LiftingTracker(
+                table, fx_tracer, parent_fx_tracer, lifted, lift_constants, lift_also
+            ),
         )
         traces = _branch_stack_traces(fx_tracer) if user_stack_traces else contextlib.nullcontext()
         with traces, _marking_grad_disabled_nodes(fx_tracer):
@@ -658,7 +686,11 @@ def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:
             leaves = tuple(_fresh_leaf(a) for a in args)
         stack.enter_context(torch.enable_grad())
         if in_session and parent_fx_tracer is not None:
-            gm, lifted = trace_lifting(fn, leaves, parent_fx_tracer, user_stack_traces=False)
+            # A constant the branch makes (``torch.tensor(2.0)``) stays in the graph:
+            # it is made anew each time, so it is no closure.
+            gm, lifted = trace_lifting(
+                fn, leaves, parent_fx_tracer, user_stack_traces=False, lift_constants=False
+            )
             if lifted:
                 raise AssertionError(f"derivative graph closed over {len(lifted)} values: {lifted}")
             return gm
