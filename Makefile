@@ -11,6 +11,13 @@
 #               `bench-smoke` on 2.14.1 and 2.11.0
 #   make cuda-check  compile csrc/cuda/select_kernel.cuh with nvcc (skipped without nvcc)
 #   make bench  every CPU benchmark: JSON and PNG plots in benchmarks/results/ (~10 min)
+#   make gpu-check  on a machine with a GPU: build the CUDA extension, the whole suite
+#               on the GPU (big tensors included), compute-sanitizer memcheck over the
+#               select kernels, the GPU benchmarks and plots into benchmarks/results/
+#               (files named after the device). Without a GPU it says so and exits 0.
+#               It uses $(PYTHON) as it is, with no venv and no pip (a machine without
+#               a package registry): `make gpu-check PYTHON=python3`. Test modules
+#               whose dependency is missing are skipped, naming it (tools/gpu_check.py).
 # Another torch: `make test TORCH=2.14.1` (any release from 2.11 on), or a full pip
 # requirement with TORCH_SPEC, e.g. TORCH_SPEC='torch==2.14.1' VENV=/some/venv.
 PYTHON ?= python3
@@ -23,7 +30,7 @@ DEPS_STAMP := $(VENV)/.torchcond-deps
 MATRIX_FULL ?= 2.13.0 2.15.0
 MATRIX_UNIT ?= 2.14.1 2.11.0
 
-.PHONY: install ext demo test lint format unit test-long typecheck docs bench-smoke bench cuda-check wheel-check matrix clean
+.PHONY: install ext demo test lint format unit test-long typecheck docs bench-smoke bench cuda-check gpu-check wheel-check matrix clean
 
 install: ext
 
@@ -110,6 +117,17 @@ cuda-check:
 			-Xptxas --warn-on-spills,--warn-on-local-memory-usage,--warning-as-error && \
 		rm -rf $$out && echo "cuda-check: ok"; \
 	fi
+
+# Every step needs the GPU, so none runs in `make test`. GPU_CHECK_STEPS picks steps
+# (build,suite,memcheck,bench; a warm machine keeps the build between calls);
+# GPU_CHECK_OUT=DIR also writes gpu-check.txt and gpu-check.tar.gz (logs and this
+# run's results) there, e.g. $$OUT on the device machine; DRY_RUN=1 prints the commands.
+GPU_CHECK_STEPS ?= build,suite,memcheck,bench
+GPU_CHECK_RESULTS ?= benchmarks/results
+GPU_CHECK_OUT ?=
+gpu-check:
+	@$(PYTHON) tools/gpu_check.py --steps $(GPU_CHECK_STEPS) --results $(GPU_CHECK_RESULTS) \
+		$(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT)) $(if $(DRY_RUN),--dry-run)
 
 # What a user of a release gets: an sdist, a wheel built from it (not from this
 # checkout) against this venv's torch, installed with its dependencies (the torch

@@ -19,15 +19,22 @@ versions it compiled against. `import torchcond` compares them with the running 
 Object files go to a build folder per torch build, and a change of torch relinks, so
 one checkout can be rebuilt for each torch in turn.
 
+_C links the shared libstdc++, the copy torch and Python already loaded, whatever the
+toolchain asks for: see BuildExt._link_shared_runtime and docs/developer.rst.
+
 Install with: pip install --no-build-isolation -e .
 (no build isolation, so pip uses the torch already installed instead of fetching one)
 """
 
 import glob
+import importlib.util
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
+import tempfile
 
 from setuptools import setup
 
@@ -160,6 +167,76 @@ def _extension():
     )
 
 
+def _tool(name: str):
+    """tools/<name>.py, which is no package (it ships in the sdist beside setup.py)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Why a build can carry its own libstdc++, and what happens then.
+#
+# torch's libraries and Python's C++ extensions all use the one libstdc++.so.6 the
+# process loaded. A library linked with a private copy of libstdc++ brings a second
+# set of its stream, locale and exception code; calls from _C then mix the two, and
+# formatting a number in an error message (TORCH_CHECK streams its arguments) asks a
+# locale built by one copy for a facet registered by the other. The stream fails and
+# the message stops where the first number goes (seen with gcc 12), or the process
+# dies in libstdc++'s locale code (gcc 13). A build gets a private copy when:
+#   * the link asks for it: -static-libstdc++ (or -static-libgcc) in LDFLAGS, CFLAGS,
+#     CXXFLAGS or CPPFLAGS, or in LDSHARED/LDCXXSHARED, from the environment or from
+#     Python's own build configuration (sysconfig). setuptools appends all of these to
+#     the link command; torch.utils.cpp_extension passes them on as they are. Setups
+#     for portable binaries and wheels add -static-libstdc++ on purpose, so that users
+#     need no matching libstdc++; for a torch extension that is wrong. Dropped here.
+#   * the linker finds libstdc++.a before any libstdc++.so: a toolchain installed
+#     without the libstdc++.so development link, or an -L folder (LDFLAGS) holding only
+#     the archive. ld takes the archive silently. `g++ -print-file-name=libstdc++.so`
+#     shows the toolchain's own choice but not -L folders, so the library itself is
+#     checked after linking and the build stops with the cause and the fix.
+# nvcc compiles the .cu files but never links _C (the C++ linker does), so its
+# host-link flags play no part.
+STATIC_RUNTIME_FLAGS = ("-static-libstdc++", "-static-libgcc")
+ENV_FLAG_SOURCES = ("LDFLAGS", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDSHARED", "LDCXXSHARED")
+
+
+def _drop_static_runtime(compiler, ext) -> list[str]:
+    """Remove the static runtime flags from every command the compiler runs, and from
+    the extension's own link flags; return the flags dropped."""
+    dropped = set()
+    for name in compiler.executables:
+        command = getattr(compiler, name, None)
+        if isinstance(command, list):
+            dropped.update(a for a in command if a in STATIC_RUNTIME_FLAGS)
+            setattr(compiler, name, [a for a in command if a not in STATIC_RUNTIME_FLAGS])
+    dropped.update(a for a in ext.extra_link_args if a in STATIC_RUNTIME_FLAGS)
+    ext.extra_link_args = [a for a in ext.extra_link_args if a not in STATIC_RUNTIME_FLAGS]
+    return sorted(dropped)
+
+
+def _flag_sources(flags: list[str]) -> str:
+    """Which environment variables set the flags, else Python's build configuration."""
+    named = [v for v in ENV_FLAG_SOURCES if any(f in os.environ.get(v, "").split() for f in flags)]
+    return ", ".join(named) if named else "Python's sysconfig (LDSHARED/CFLAGS)"
+
+
+def _archive_taken(link_command: list[str]) -> str | None:
+    """The libstdc++.a the linker takes with these flags, if it takes the archive.
+
+    Links an empty library with the same command and reads ld's search (--verbose)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = [*link_command, "-x", "c++", os.devnull, "-o", os.path.join(tmp, "probe.so")]
+        try:
+            out = subprocess.run(
+                [*probe, "-Wl,--verbose"], capture_output=True, text=True, check=False
+            ).stdout
+        except OSError:
+            return None
+    found = re.search(r"attempt to open (\S*libstdc\+\+\.a) succeeded", out)
+    return os.path.normpath(found.group(1)) if found else None
+
+
 class BuildExt(BuildExtension):
     """torch's BuildExtension, keeping one build per torch and recording what it used."""
 
@@ -174,10 +251,50 @@ class BuildExt(BuildExtension):
         # The sources may be older than a library built for another torch: relink then.
         if _read_json(path) != build_info():
             self.force = True
+        self._link_shared_runtime(ext)
         super().build_extension(ext)
+        self._check_shared_runtime(ext)
         with open(path, "w") as f:
             json.dump(build_info(), f, indent=1)
             f.write("\n")
+
+    def _link_shared_runtime(self, ext) -> None:
+        """Link libstdc++ and libgcc as shared libraries, as torch's own extensions do."""
+        if not sys.platform.startswith("linux"):
+            return
+        dropped = _drop_static_runtime(self.compiler, ext)
+        if dropped:
+            print(
+                f"torchcond: dropped {' '.join(dropped)} (from {_flag_sources(dropped)}): "
+                "_C links the shared libstdc++ that torch loads",
+                file=sys.stderr,
+            )
+
+    def _check_shared_runtime(self, ext) -> None:
+        """Stop the build, with the cause and the fix, if _C still got its own libstdc++."""
+        if not sys.platform.startswith("linux"):
+            return
+        library = self.get_ext_fullpath(ext.name)
+        problem = _tool("check_libstdcxx").problem(library)
+        if problem is None:
+            return
+        os.remove(library)  # else the next build would find it up to date
+        dirs = [f"-L{d}" for d in [*ext.library_dirs, *(self.library_dirs or [])]]
+        command = [*self.compiler.compiler_cxx, *self.compiler.linker_so_cxx[1:], *dirs]
+        archive = _archive_taken([*command, *ext.extra_link_args])
+        cause = (
+            f"the linker took {archive} because no libstdc++.so comes before it on its "
+            "search path; install the toolchain's libstdc++.so link (e.g. Debian/Ubuntu "
+            "libstdc++-<gcc version>-dev, conda libstdcxx-ng) or put a folder holding "
+            "libstdc++.so first with LDFLAGS=-L<folder>"
+            if archive
+            else f"something in the link command links it statically ({' '.join(command)}); "
+            "remove it from LDFLAGS/CFLAGS/LDSHARED"
+        )
+        raise SystemExit(
+            f"torchcond._C would carry its own copy of libstdc++ ({problem}), which cuts "
+            f"error messages short or crashes the process: {cause}, then rebuild"
+        )
 
     def copy_extensions_to_source(self) -> None:
         """In-place and editable builds: the record goes beside the library's copy."""

@@ -5,6 +5,7 @@
     python -m benchmarks --only eager,select --out-dir /tmp/bench
     python -m benchmarks --plots-only      # redraw the PNGs from the JSON files
     python -m benchmarks --threads 1       # one torch thread (a machine shared with others)
+    python -m benchmarks --gpu             # the GPU benchmarks instead (a machine with a GPU)
 
 Each benchmark runs as its own process (``benchmarks/bench_<name>.py --out
 <dir>/<name>.json``), one after the other, so none inherits another's dynamo caches,
@@ -12,6 +13,10 @@ threads or memory. What each one prints is shown and kept in ``<dir>/<name>.txt`
 ``<dir>/run.json`` records the run: the header (commit, torch, CPU model, threads,
 load average before and after), each benchmark's time, exit code and files. Lines
 longer than 100 characters in a benchmark's output are reported (there should be none).
+
+``--gpu`` runs ``bench_select_gpu.py`` and ``bench_cond_gpu.py`` instead, and every
+file it writes names the device: ``select_gpu-nvidia-h100-80gb-hbm3.json``, its
+``.txt`` and ``.png``, and ``run-nvidia-h100-80gb-hbm3.json``.
 """
 
 from __future__ import annotations
@@ -39,11 +44,12 @@ BENCHMARKS = (
     "random",
     "deploy",
 )
+GPU_BENCHMARKS = ("select_gpu", "cond_gpu")
 
 
-def run_one(name: str, out_dir: str, quick: bool, threads: int | None) -> dict:
-    json_path = os.path.join(out_dir, f"{name}.json")
-    txt_path = os.path.join(out_dir, f"{name}.txt")
+def run_one(name: str, out_dir: str, quick: bool, threads: int | None, suffix: str = "") -> dict:
+    json_path = os.path.join(out_dir, f"{name}{suffix}.json")
+    txt_path = os.path.join(out_dir, f"{name}{suffix}.txt")
     cmd = [sys.executable, os.path.join(HERE, f"bench_{name}.py"), "--out", json_path]
     if quick:
         cmd.append("--quick")
@@ -104,6 +110,11 @@ def main(argv=None) -> int:
         type=int,
         help="torch threads in every benchmark (OMP_NUM_THREADS; default: torch's, one per core)",
     )
+    ap.add_argument(
+        "--gpu",
+        action="store_true",
+        help=f"the GPU benchmarks ({','.join(GPU_BENCHMARKS)}); file names name the device",
+    )
     ap.add_argument("--no-plots", action="store_true", help="JSON only, no PNGs")
     ap.add_argument("--plots-only", action="store_true", help="redraw PNGs from existing JSON")
     args = ap.parse_args(argv)
@@ -115,30 +126,41 @@ def main(argv=None) -> int:
     )
     os.makedirs(out_dir, exist_ok=True)
     if args.plots_only:
-        for path in make_plots(out_dir):
+        for path in make_plots(out_dir) + make_plots(out_dir, gpu=True):
             print(f"wrote {os.path.relpath(path)}")
         return 0
 
-    names = BENCHMARKS if not args.only else tuple(args.only.split(","))
-    unknown = sorted(set(names) - set(BENCHMARKS))
+    known = GPU_BENCHMARKS if args.gpu else BENCHMARKS
+    names = known if not args.only else tuple(args.only.split(","))
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        ap.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
+        ap.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(known)}")
 
     import torch
 
+    suffix = ""
+    if args.gpu:
+        if not torch.cuda.is_available():
+            print(f"python -m benchmarks --gpu: no GPU visible to torch {torch.__version__}")
+            return 0
+        suffix = f"-{common.device_slug()}"
     if args.threads:
         torch.set_num_threads(args.threads)
     header = common.header("all", args.quick)
+    if args.gpu:
+        header["device"] = torch.cuda.get_device_name()
     print(f"python -m benchmarks: {', '.join(names)} -> {os.path.relpath(out_dir)}")
     print(f"commit {header['commit']}, torch {header['torch']}, cpu {header['cpu']!r}")
+    if args.gpu:
+        print(f"device {header['device']}, CUDA {torch.version.cuda}")
     print(
         f"{header['cpu_count']} cpus, torch threads {torch.get_num_threads()}, "
         f"load average before: {' '.join(map(str, header['load_before']))}"
     )
     print()
     t0 = time.perf_counter()
-    runs = [run_one(name, out_dir, args.quick, args.threads) for name in names]
-    pngs = [] if args.no_plots else make_plots(out_dir)
+    runs = [run_one(name, out_dir, args.quick, args.threads, suffix) for name in names]
+    pngs = [] if args.no_plots else make_plots(out_dir, gpu=args.gpu)
     header["load_after"] = common.loadavg()
     header["elapsed_s"] = round(time.perf_counter() - t0, 2)
     summary = {
@@ -146,7 +168,8 @@ def main(argv=None) -> int:
         "benchmarks": runs,
         "plots": [os.path.basename(p) for p in pngs],
     }
-    common.write_json(os.path.join(out_dir, "run.json"), summary)
+    run_json = os.path.join(out_dir, f"run{suffix}.json")
+    common.write_json(run_json, summary)
 
     print("== summary")
     for r in runs:
@@ -158,7 +181,7 @@ def main(argv=None) -> int:
         print(f"plot        {os.path.relpath(path)} ({os.path.getsize(path) // 1024} KiB)")
     print(
         f"total {header['elapsed_s']:.0f} s; load average after: "
-        f"{' '.join(map(str, header['load_after']))}; wrote {os.path.relpath(out_dir)}/run.json"
+        f"{' '.join(map(str, header['load_after']))}; wrote {os.path.relpath(run_json)}"
     )
     failed = [r["benchmark"] for r in runs if r["rc"] != 0]
     long_ = [r["benchmark"] for r in runs if r["long_lines"]]
@@ -170,15 +193,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def make_plots(out_dir: str) -> list[str]:
+def make_plots(out_dir: str, gpu: bool = False) -> list[str]:
+    """The CPU benchmarks' plots, or with ``gpu`` one beside each GPU result."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install -r requirements-dev.txt)")
         return []
-    from plots import make_plots as draw  # benchmarks/plots.py
+    import plots  # benchmarks/plots.py
 
-    return draw(out_dir)
+    return plots.make_gpu_plots(out_dir) if gpu else plots.make_plots(out_dir)
 
 
 if __name__ == "__main__":

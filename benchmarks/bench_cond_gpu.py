@@ -49,7 +49,7 @@ def _loop(step, x, n):
     return x
 
 
-def bench_loop(lines, quick: bool):
+def bench_loop(run, lines, quick: bool):
     n = 20 if quick else 100
     x = torch.randn(64, device="cuda")
     results = {}
@@ -68,13 +68,26 @@ def bench_loop(lines, quick: bool):
         lines.append(f"  {name:<24} {ms:9.3f} ms")
     ratio = results["torch.cond"] / results["torchcond select"]
     verdict = "meets" if ratio >= SELECT_VS_TORCH_COND_TARGET else "MISSES"
+    run.claim(
+        f"loop of {n} conds: select vs torch.cond",
+        ratio,
+        f">= {SELECT_VS_TORCH_COND_TARGET}",
+        ratio >= SELECT_VS_TORCH_COND_TARGET,
+        ms=results,
+    )
+    run.claim(
+        f"loop of {n} conds: select vs python if",
+        results["python if (host read)"] / results["torchcond select"],
+        "",
+        None,
+    )
     lines.append(
         f"  select vs torch.cond: {ratio:.1f}x faster (target >= {SELECT_VS_TORCH_COND_TARGET:.0f}x, {verdict}); "
         f"vs python if: {results['python if (host read)'] / results['torchcond select']:.2f}x; results equal: {same}"
     )
 
 
-def bench_cuda_graph(lines):
+def bench_cuda_graph(run, lines):
     x = torch.arange(4.0, device="cuda")
     pred = torch.zeros((), dtype=torch.bool, device="cuda")
 
@@ -99,6 +112,7 @@ def bench_cuda_graph(lines):
         correct &= torch.equal(out, x + 1 if value else x - 1)
     ms = common.cuda_ms(graph.replay, 1, 20)
     how = "conditional nodes" if torchcond._compat.cuda_graph_if_body() else "select"
+    run.results["cuda_graph"] = {"how": how, "correct": correct, "replay_us": ms * 1000}
     lines.append(
         f"cuda graph with a cond ({how}): both branches correct on replay: {correct}; "
         f"replay {ms * 1000:.1f} us"
@@ -122,8 +136,8 @@ def main(argv=None) -> int:
     run = common.Run("cond_gpu", lines[0], args.quick)
     run.header["device"] = torch.cuda.get_device_name()
     run.header["cuda"] = torch.version.cuda
-    bench_loop(lines, args.quick)
-    bench_cuda_graph(lines)
+    bench_loop(run, lines, args.quick)
+    bench_cuda_graph(run, lines)
     for line in lines[1:]:
         run.say(line)
     run.results["report"] = lines

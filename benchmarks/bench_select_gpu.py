@@ -51,7 +51,7 @@ def _check(got, expected, what: str) -> None:
         raise SystemExit(f"bench_select_gpu: {what}: select differs from torch.where")
 
 
-def bench_bandwidth(lines, quick: bool):
+def bench_bandwidth(run, lines, quick: bool):
     n_out, rows, cols = 8, 4096, (4096 if quick else 16384)  # 8 x 64 MiB (quick: 16 MiB)
     ts = [torch.randn(rows, cols, device="cuda") for _ in range(n_out)]
     fs = [torch.randn(rows, cols, device="cuda") for _ in range(n_out)]
@@ -87,13 +87,21 @@ def bench_bandwidth(lines, quick: bool):
     ):
         frac = bw(ms) / bw(t_copy)
         verdict = "meets" if frac >= BANDWIDTH_TARGET else "MISSES"
+        run.claim(
+            f"{name}: bandwidth / copy's",
+            frac,
+            f">= {BANDWIDTH_TARGET}",
+            frac >= BANDWIDTH_TARGET,
+            ms=ms,
+            copy_ms=t_copy,
+        )
         lines.append(
             f"   {name:<40} {ms:8.3f} ms  {bw(ms):7.0f} GB/s  {frac * 100:5.1f}% of copy "
             f"(target >= {BANDWIDTH_TARGET * 100:.0f}%, {verdict})"
         )
 
 
-def bench_vs_where(lines, quick: bool):
+def bench_vs_where(run, lines, quick: bool):
     # large
     n_out, rows, cols = 16, 4096, (1024 if quick else 4096)
     ts = [torch.randn(rows, cols, device="cuda") for _ in range(n_out)]
@@ -130,6 +138,22 @@ def bench_vs_where(lines, quick: bool):
     )
     ratio = t_where / t_sel
     verdict = "meets" if ratio >= LARGE_TARGET else "MISSES"
+    run.claim(
+        f"large: select vs torch.where x{n_out}",
+        ratio,
+        f">= {LARGE_TARGET}",
+        ratio >= LARGE_TARGET,
+        ms=t_sel,
+        where_ms=t_where,
+    )
+    run.claim(
+        "large: select_n, 3 branches, vs chained torch.where",
+        t_where_n / t_sel_n,
+        "",
+        None,
+        ms=t_sel_n,
+        where_ms=t_where_n,
+    )
     lines.append(f"2a. large: {n_out} outputs of {rows}x{cols} float32, batched predicate")
     lines.append(
         f"   torch.where x{n_out}  {t_where:8.3f} ms | select {t_sel:8.3f} ms |"
@@ -158,6 +182,14 @@ def bench_vs_where(lines, quick: bool):
     )
     ratio = t_where / t_sel
     verdict = "meets" if ratio >= SMALL_TARGET else "MISSES"
+    run.claim(
+        f"small: select vs torch.where x{n_out}",
+        ratio,
+        f">= {SMALL_TARGET}",
+        ratio >= SMALL_TARGET,
+        ms=t_sel,
+        where_ms=t_where,
+    )
     lines.append(
         f"2b. small: {n_out} outputs of 64x64 float32, batched predicate (host-bound: per call, loop of {calls})"
     )
@@ -194,8 +226,8 @@ def main(argv=None) -> int:
     run = common.Run("select_gpu", lines[0], args.quick)
     run.header["device"] = torch.cuda.get_device_name()
     run.header["cuda"] = torch.version.cuda
-    bench_bandwidth(lines, args.quick)
-    bench_vs_where(lines, args.quick)
+    bench_bandwidth(run, lines, args.quick)
+    bench_vs_where(run, lines, args.quick)
     lines.append("note: not a test; targets are informational, exit code is 0")
     for line in lines[1:]:
         run.say(line)

@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import textwrap
@@ -96,6 +97,12 @@ def header(benchmark_name: str, quick: bool) -> dict:
         "load_before": loadavg(),
         "argv": sys.argv[1:],
     }
+
+
+def device_slug() -> str:
+    """The CUDA device's name for file names: ``NVIDIA H100 80GB HBM3`` ->
+    ``nvidia-h100-80gb-hbm3``, so results from different GPUs sit side by side."""
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
 
 
 def wrap(text: str, indent: str = "    ") -> list[str]:

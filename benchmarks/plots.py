@@ -318,6 +318,63 @@ def plot_compile(data: dict, path: str) -> str:
     )
 
 
+# --- GPU ----------------------------------------------------------------------------------
+
+
+def _target_value(target: str) -> float | None:
+    """``">= 1.4"`` -> 1.4: where a claim's target line goes; None without a target."""
+    try:
+        return float(target.lstrip(">=< "))
+    except ValueError:
+        return None
+
+
+def plot_gpu(data: dict, path: str) -> str:
+    """A GPU script's claims: each ratio as a bar, its target as a tick (red when missed)."""
+    plt = _plt()
+    claims = data["claims"]
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(claims) + 1.6))
+    ys = range(len(claims))
+    colors = ["tab:red" if c["meets"] is False else "tab:blue" for c in claims]
+    ax.barh(list(ys), [c["value"] for c in claims], color=colors, height=0.6)
+    for y, c in zip(ys, claims):
+        target = _target_value(c["target"])
+        if target is not None:
+            ax.plot([target, target], [y - 0.4, y + 0.4], color="0.2", lw=2)
+        ax.text(c["value"], y, f" {c['value']:.3g}", va="center", fontsize=8)
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels([c["claim"] for c in claims])
+    ax.invert_yaxis()
+    ax.set_xlabel("ratio against the baseline measured in the same run (black tick: target)")
+    ax.grid(True, axis="x", alpha=0.3)
+    h = data["header"]
+    ax.set_title(f"{h['benchmark']} on {h.get('device', 'an unnamed GPU')} ({h['mode']} run)")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.text(
+        0.5,
+        0.005,
+        f"{h['commit']}, torch {h['torch']}, CUDA {h.get('cuda')}, {h['date_utc'][:10]}",
+        ha="center",
+        va="bottom",
+        fontsize=7,
+        color="0.3",
+    )
+    return _save(fig, path)
+
+
+def make_gpu_plots(results_dir: str) -> list[str]:
+    """A plot beside every GPU result (``<name>_gpu-<device>.json``) that has claims."""
+    out = []
+    for name in sorted(os.listdir(results_dir)):
+        if "_gpu-" not in name or not name.endswith(".json"):
+            continue
+        with open(os.path.join(results_dir, name)) as fh:
+            data = json.load(fh)
+        if data.get("claims"):
+            out.append(plot_gpu(data, os.path.join(results_dir, name[: -len(".json")] + ".png")))
+    return out
+
+
 # --- summary ------------------------------------------------------------------------------
 
 
