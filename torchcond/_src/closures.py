@@ -9,10 +9,14 @@ once while every tensor handed to a torch function is recorded; a tensor the bra
 neither received nor produced, and that requires grad, is a closure autograd must
 see. ``bind`` then makes it an explicit input: the branch runs with each such tensor
 replaced, at every torch function call, by the value passed in its place.
+
+Where every branch runs (strategies.py), a branch's closures are found as it runs:
+under ``StandIns`` it reads, in place of each, a stand-in made at the first read.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -20,7 +24,7 @@ import torch
 from .. import _compat
 from .._compat import pytree
 from . import subgraph
-from .forms import Form
+from .forms import Form, is_conditional_op, pack, unpack
 from .subgraph import getattr_path
 from .tracing import SessionGraph, Traced, functionalized, plain, trace_branches
 
@@ -173,6 +177,62 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
             return branch(*args[:n_operands])
 
     return bound
+
+
+class StandIns(torch.overrides.TorchFunctionMode):
+    """While active, a branch reads ``stand_in(t)`` in place of each tensor ``t`` it
+    closes over, made at the first read; ``stand_in`` may return ``t`` itself.
+
+    A tensor is closed over when it is neither ``given`` (the branch's inputs) nor
+    made under this mode. The branches of a conditional called under it run under it
+    too, so what they close over is replaced as well.
+    """
+
+    def __init__(self, given: Sequence, stand_in: Callable[[torch.Tensor], torch.Tensor]):
+        super().__init__()
+        self.stand_in = stand_in
+        self.kept = {id(t): t for t in given if isinstance(t, torch.Tensor)}
+        self.swapped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Weak, so the branch's intermediates are freed as they would be without it
+        # (dynamo traces no weakref; its tensors live as long as the trace anyway).
+        self.made: dict | weakref.WeakValueDictionary = (
+            {} if _compat.is_dynamo_compiling() else weakref.WeakValueDictionary()
+        )
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        args, kwargs = pytree.tree_map_only(torch.Tensor, self._swap, (args, kwargs or {}))
+        if is_conditional_op(func):
+            selector, branches, operands = unpack(args)
+            args = pack(selector, [self._within(b) for b in branches], operands)
+        out = func(*args, **kwargs)
+        for value in pytree.tree_leaves(out):
+            if isinstance(value, torch.Tensor) and id(value) not in self.kept:
+                self.made[id(value)] = value
+        return out
+
+    def _swap(self, value: torch.Tensor) -> torch.Tensor:
+        key = id(value)
+        swapped = self.swapped.get(key)
+        if swapped is not None:
+            return swapped[1]
+        if key in self.kept or self.made.get(key) is value:
+            return value
+        stand_in = self.stand_in(value)
+        # Holding ``value`` keeps its id its own while the branch runs.
+        self.swapped[key] = (value, stand_in)
+        self.kept[id(stand_in)] = stand_in
+        return stand_in
+
+    def _within(self, branch):
+        # A closure-free graph reads nothing to replace.
+        if closure_free(branch):
+            return branch
+
+        def run(*args):
+            with self:
+                return branch(*args)
+
+        return run
 
 
 class FunctionalWrappers(torch.overrides.TorchFunctionMode):
