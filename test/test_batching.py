@@ -628,3 +628,28 @@ def test_map_conditional_with_a_batched_selector_equals_python_if():
         per_example(lambda p, x, j=j: branches[0 if p else 1](x, w)[j], p, xs.t()) for j in (0, 1)
     ]
     torch.testing.assert_close(list(got), want)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_nested_conditional_with_a_shared_predicate_in_a_branch_that_runs_untaken(shared):
+    # The inner predicate is readable: a Python `if` at the transform's level, although
+    # the outer branch runs under the recorder of its writes (a dispatch mode).
+    q = torch.tensor(shared)
+
+    def f(x, q):
+        inner = lambda: cond(q, lambda y: torch.sqrt(x) + y, lambda y: torch.log(x) + y, (x,))  # noqa: E731
+        return cond(x < EPS, lambda: x * 2, inner, ())
+
+    def f_if(x, q):
+        if x < EPS:
+            return x * 2
+        return torch.sqrt(x) + x if q else torch.log(x) + x
+
+    def batched(x):
+        return torch.vmap(f, in_dims=(0, None))(x, q)
+
+    want = torch.func.grad(lambda x: per_example(lambda x: f_if(x, q), x).sum())(ROOTS)
+    assert not want.isnan().any()
+    torch.testing.assert_close(torch.func.grad(lambda x: batched(x).sum())(ROOTS), want)
+    torch.testing.assert_close(_backward(batched, ROOTS), want)
+    torch.testing.assert_close(torch.vmap(torch.func.grad(f), in_dims=(0, None))(ROOTS, q), want)

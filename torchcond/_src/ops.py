@@ -44,7 +44,7 @@ from .forms import (
     unpack,
 )
 from .merge import check_agreement, merge_branch_outputs
-from .modes import USER_MODES, flop_rule, python_key_rule, takes_first, top_kind
+from .modes import USER_MODES, flop_rule, python_key_rule, readable, takes_first, top_kind
 from .modes import autograd_rule as modes_autograd_rule
 from .pytrees import raise_named
 from .reinplace import in_place
@@ -264,7 +264,7 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     differentiate the conditional into conditionals (autograd.py), and vmap maps
     every branch (batching.py).
     """
-    if readable_on_host(selector):
+    if readable_on_host(selector) or _readable_beside_modes(form, selector):
         return form.taken_branch(selector, branches)(*operands)
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
         if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
@@ -279,6 +279,18 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
 
 
 # --- helpers -------------------------------------------------------------------------
+
+
+def _readable_beside_modes(form: Form, selector) -> bool:
+    """Readable, but for dispatch modes on the stack that trace nothing (a user's mode,
+    or the recorder of a branch that runs untaken, write_guard.py): the taken branch
+    must run here, on the transform's tensors, not below the transform."""
+    if isinstance(selector, torch.Tensor) and _compat.is_functorch_wrapped(selector):
+        if _compat.is_vmapped(selector):
+            return False
+        selector = _compat.functorch_base(selector)
+    return readable(form.op, selector)
+
 
 
 def _all_branches_merged(form, branches, operands, shape_env):
