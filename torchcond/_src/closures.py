@@ -191,13 +191,13 @@ class StandIns(torch.overrides.TorchFunctionMode):
     def __init__(self, given: Sequence, stand_in: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__()
         self.stand_in = stand_in
-        self.kept = {id(t): t for t in given if isinstance(t, torch.Tensor)}
-        self.swapped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        # Weak, so the branch's intermediates are freed as they would be without it
-        # (dynamo traces no weakref; its tensors live as long as the trace anyway).
-        self.made: dict | weakref.WeakValueDictionary = (
-            {} if _compat.is_dynamo_compiling() else weakref.WeakValueDictionary()
-        )
+        self.kept = _ByIdentity()
+        for t in given:
+            if isinstance(t, torch.Tensor):
+                self.kept.put(t, t)
+        self.swapped = _ByIdentity()
+        # Weak, so the branch's intermediates are freed as they would be without it.
+        self.made = _ByIdentity(weak=True)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         args, kwargs = pytree.tree_map_only(torch.Tensor, self._swap, (args, kwargs or {}))
@@ -206,21 +206,19 @@ class StandIns(torch.overrides.TorchFunctionMode):
             args = pack(selector, [self._within(b) for b in branches], operands)
         out = func(*args, **kwargs)
         for value in pytree.tree_leaves(out):
-            if isinstance(value, torch.Tensor) and id(value) not in self.kept:
-                self.made[id(value)] = value
+            if isinstance(value, torch.Tensor) and self.kept.get(value) is None:
+                self.made.put(value, value)
         return out
 
     def _swap(self, value: torch.Tensor) -> torch.Tensor:
-        key = id(value)
-        swapped = self.swapped.get(key)
+        swapped = self.swapped.get(value)
         if swapped is not None:
-            return swapped[1]
-        if key in self.kept or self.made.get(key) is value:
+            return swapped
+        if self.kept.get(value) is not None or self.made.get(value) is not None:
             return value
         stand_in = self.stand_in(value)
-        # Holding ``value`` keeps its id its own while the branch runs.
-        self.swapped[key] = (value, stand_in)
-        self.kept[id(stand_in)] = stand_in
+        self.swapped.put(value, stand_in)
+        self.kept.put(stand_in, stand_in)
         return stand_in
 
     def _within(self, branch):
@@ -233,6 +231,38 @@ class StandIns(torch.overrides.TorchFunctionMode):
                 return branch(*args)
 
         return run
+
+
+class _ByIdentity:
+    """Values keyed by tensors' identity: by ``id`` eagerly (holding the key, so its id
+    stays its own; or, ``weak``, dropping an entry when its key is freed, the value
+    being the key itself); by ``is`` under dynamo, which cannot take the id of a tensor
+    made in the trace on every release (2.11) and traces no weakref."""
+
+    def __init__(self, weak: bool = False):
+        self.listed = _compat.is_dynamo_compiling()
+        self.weak = weak and not self.listed
+        self.pairs: list = []
+        self.by_id: dict | weakref.WeakValueDictionary = (
+            weakref.WeakValueDictionary() if self.weak else {}
+        )
+
+    def get(self, key: torch.Tensor):
+        if self.listed:  # newest first: a branch mostly reads what it just made
+            for k, value in reversed(self.pairs):
+                if k is key:
+                    return value
+            return None
+        hit = self.by_id.get(id(key))
+        if self.weak:
+            return hit if hit is key else None
+        return hit[1] if hit is not None else None
+
+    def put(self, key: torch.Tensor, value) -> None:
+        if self.listed:
+            self.pairs.append((key, value))
+        else:
+            self.by_id[id(key)] = value if self.weak else (key, value)
 
 
 class FunctionalWrappers(torch.overrides.TorchFunctionMode):

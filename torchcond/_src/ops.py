@@ -292,7 +292,6 @@ def _readable_beside_modes(form: Form, selector) -> bool:
     return readable(form.op, selector)
 
 
-
 def _all_branches_merged(form, branches, operands, shape_env):
     return _merged(form, branches, [tuple(b(*operands)) for b in branches], shape_env)
 
