@@ -361,3 +361,295 @@ def test_per_example_gradients_with_branches_closing_over_the_weights():
     got = torch.vmap(torch.func.grad(loss), in_dims=(0, None))(xs, W)
     want = torch.stack([torch.func.grad(loss_if)(x, W) for x in xs])
     torch.testing.assert_close(got, want)
+
+
+# --- every branch runs: no gradient reads an untaken branch, closure or operand --------
+# A per-example Python `if` never runs the untaken branch, so its gradients are finite;
+# every branch runs here, and sqrt(0), sqrt(-1) and log(-1) must not leak NaN or Inf.
+
+EPS = 1e-3
+ROOTS = torch.tensor([0.0, 4.0, -1.0, 2.0, 9.0])
+
+
+def _sqrt_closure(x):  # the reproducer: the branches read x from their closure
+    return cond(x < EPS, lambda: torch.tensor(EPS), lambda: torch.sqrt(x), ())
+
+
+def _sqrt_operand(x):
+    return cond(x < EPS, lambda x: torch.full_like(x, EPS), torch.sqrt, (x,))
+
+
+def _sqrt_if(x):
+    return torch.tensor(EPS) if x < EPS else torch.sqrt(x)
+
+
+def _switch_index(x):
+    return (x > 1).long() + (x > 5).long()
+
+
+def _switch_closure(x):
+    branches = [lambda: x * 0 + 1, lambda: torch.sqrt(x - 1), lambda: torch.log(x - 5)]
+    return switch(_switch_index(x), branches, ())
+
+
+def _switch_operand(x):
+    branches = [lambda x: x * 0 + 1, lambda x: torch.sqrt(x - 1), lambda x: torch.log(x - 5)]
+    return switch(_switch_index(x), branches, (x,))
+
+
+def _switch_if(x):
+    if x > 5:
+        return torch.log(x - 5)
+    return torch.sqrt(x - 1) if x > 1 else x * 0 + 1
+
+
+def _nested(x):  # the inner conditional's branches read the outer one's closure
+    inner = lambda: cond(x > 3, lambda: torch.log(x - 3), lambda: torch.sqrt(x), ())  # noqa: E731
+    return cond(x < EPS, lambda: x * 2, inner, ())
+
+
+def _nested_if(x):
+    if x < EPS:
+        return x * 2
+    return torch.log(x - 3) if x > 3 else torch.sqrt(x)
+
+
+def _read_first_under_no_grad(x):
+    def root():
+        with torch.no_grad():
+            x + 1  # the first read of x: its stand-in must still carry the gradient
+        return torch.sqrt(x)
+
+    return cond(x < EPS, lambda: torch.full_like(x, EPS), root, ())
+
+
+_PROGRAMS = {
+    "cond closure": (_sqrt_closure, _sqrt_if),
+    "cond operand": (_sqrt_operand, _sqrt_if),
+    "switch closure": (_switch_closure, _switch_if),
+    "switch operand": (_switch_operand, _switch_if),
+    "nested cond closure": (_nested, _nested_if),
+    "closure read first under no_grad": (_read_first_under_no_grad, _sqrt_if),
+}
+
+
+def _backward(f, x):
+    x = x.clone().requires_grad_()
+    f(x).sum().backward()
+    return x.grad
+
+
+def _second_backward(f, x):
+    x = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), x)
+    return h
+
+
+# name -> derivative of a batched function, taken of vmap(program) and of per-example `if`s
+_OVER_THE_BATCH = {
+    "grad of vmap": lambda f: torch.func.grad(lambda x: f(x).sum()),
+    "backward": lambda f: lambda x: _backward(f, x),
+    "autograd.grad twice": lambda f: lambda x: _second_backward(f, x),
+    "jacrev of vmap": torch.func.jacrev,
+    "jacfwd of vmap": torch.func.jacfwd,
+    "hessian of vmap": lambda f: torch.func.hessian(lambda x: f(x).sum()),
+}
+
+# name -> derivative of one example's function, then vmapped (or looped over examples)
+_PER_EXAMPLE = {
+    "vmap of grad": torch.func.grad,
+    "vmap of jacrev": torch.func.jacrev,
+    "vmap of jacfwd": torch.func.jacfwd,
+    "vmap of hessian": torch.func.hessian,
+}
+
+
+@pytest.mark.parametrize("program", list(_PROGRAMS))
+@pytest.mark.parametrize("transform", list(_OVER_THE_BATCH))
+def test_derivatives_over_a_vmap_never_read_an_untaken_branch(program, transform):
+    f, f_if = _PROGRAMS[program]
+    derivative = _OVER_THE_BATCH[transform]
+    got = derivative(torch.vmap(f))(ROOTS)
+    want = derivative(lambda x: per_example(f_if, x))(ROOTS)
+    assert not want.isnan().any()
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("program", list(_PROGRAMS))
+@pytest.mark.parametrize("transform", list(_PER_EXAMPLE))
+def test_per_example_derivatives_never_read_an_untaken_branch(program, transform):
+    f, f_if = _PROGRAMS[program]
+    derivative = _PER_EXAMPLE[transform]
+    got = torch.vmap(derivative(f))(ROOTS)
+    want = per_example(derivative(f_if), ROOTS)
+    assert not want.isnan().any()
+    torch.testing.assert_close(got, want)
+
+
+def test_a_closed_over_parameter_gets_only_the_taken_examples_gradient():
+    # sqrt(w * 0) at the untaken examples would give 0 * inf = NaN to w.
+    xs = torch.tensor([0.0, 4.0, -1.0, 0.0, 9.0])
+
+    def f(x, w):
+        return cond(x > 0, lambda: torch.sqrt(w * x), lambda: x * 0, ())
+
+    def f_if(x, w):
+        return torch.sqrt(w * x) if x > 0 else x * 0
+
+    w = torch.tensor(1.0, requires_grad=True)
+    torch.vmap(f, in_dims=(0, None))(xs, w).sum().backward()
+    w_if = torch.tensor(1.0, requires_grad=True)
+    per_example(lambda x: f_if(x, w_if), xs).sum().backward()
+    torch.testing.assert_close(w.grad, w_if.grad)
+    got = torch.func.grad(lambda w: torch.vmap(f, in_dims=(0, None))(xs, w).sum())(w.detach())
+    torch.testing.assert_close(got, w_if.grad)
+    got = torch.vmap(torch.func.grad(f, argnums=1), in_dims=(0, None))(xs, w.detach())
+    torch.testing.assert_close(got, per_example(torch.func.grad(f_if, argnums=1), xs, [w] * 5))
+
+
+@pytest.mark.parametrize("tracing_mode", ["real", "fake", "symbolic"])
+def test_traced_gradient_of_vmap_never_reads_an_untaken_branch(tracing_mode):
+    g = torch.func.grad(lambda x: torch.vmap(_sqrt_closure)(x).sum())
+    gm = make_fx(g, tracing_mode=tracing_mode)(ROOTS)
+    want = torch.func.grad(lambda x: per_example(_sqrt_if, x).sum())(ROOTS)
+    torch.testing.assert_close(gm(ROOTS), want)
+
+
+@pytest.mark.parametrize("root", [0.0, 4.0])
+def test_strategy_select_masks_a_closed_over_tensor_that_needs_a_gradient(root):
+    def f(x):
+        return cond(
+            x < EPS, lambda: torch.tensor(EPS), lambda: torch.sqrt(x), (), strategy="select"
+        )
+
+    def g(x):
+        branches = [lambda: torch.tensor(EPS), lambda: torch.sqrt(x), lambda: torch.log(x - 9)]
+        return switch(_switch_index(x), branches, (), strategy="select")
+
+    want = torch.func.grad(_sqrt_if)(torch.tensor(root))
+    for program in (f, g):
+        torch.testing.assert_close(_backward(program, torch.tensor(root)), want)
+        torch.testing.assert_close(torch.func.grad(program)(torch.tensor(root)), want)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(_backward(compiled, torch.tensor(root)), want)
+
+
+def test_a_branch_that_runs_untaken_may_not_write_to_a_closure_that_needs_a_gradient():
+    # The branch reads a masked stand-in of w; a write to it would be lost, so it is
+    # refused as a write to w would be.
+    from torchcond import BranchMutationError
+
+    w = torch.ones(2, requires_grad=True) * 1
+    with pytest.raises(BranchMutationError, match=r"true_fn writes in place .* from outside it"):
+        cond(torch.tensor(True), lambda: w.mul_(2), lambda: w * 1, (), strategy="select")
+    with pytest.raises(BranchMutationError, match=r"true_fn writes in place .* from outside it"):
+        torch.vmap(lambda x: cond(x > 0, lambda: w.mul_(2).sum() + x, lambda: x, ()))(ROOTS)
+    torch.testing.assert_close(w, torch.ones(2))
+
+
+# --- an output every branch returns unchanged keeps its batching -------------------------
+
+
+def test_an_operand_every_branch_returns_unchanged_stays_unbatched():
+    def f(p, x, y):
+        return cond(p, lambda x, y: (x, y + 1), lambda x, y: (x, y * 2), (x, y))
+
+    p, x, y = torch.tensor([True, False]), torch.ones(3), torch.arange(6.0).view(2, 3)
+    out_x, out_y = torch.vmap(f, in_dims=(0, None, 0), out_dims=(None, 0))(p, x, y)
+    assert out_x is x  # as a Python `if` returns it, whichever branch it takes
+    torch.testing.assert_close(out_y, per_example(lambda p, y: f(p, x, y)[1], p, y))
+
+    branches = [lambda x: (x, x * 0), lambda x: (x, x + 1), lambda x: (x, x.cos())]
+    g = lambda i, x: switch(i, branches, (x,))  # noqa: E731
+    index = torch.tensor([2, 0, 1, 7])
+    out_x, out_y = torch.vmap(g, in_dims=(0, None), out_dims=(None, 0))(index, x)
+    assert out_x is x
+    torch.testing.assert_close(out_y, per_example(lambda i: g(i, x)[1], index))
+
+
+def test_the_same_closed_over_tensor_from_every_branch_stays_unbatched():
+    w, v = torch.ones(3), torch.zeros(3)
+    same = lambda p: cond(p, lambda: w, lambda: w, ())  # noqa: E731
+    flags = torch.tensor([True, False])
+    assert torch.vmap(same, out_dims=None)(flags) is w
+    # Different tensors differ per example: selected, so batched.
+    different = lambda p: cond(p, lambda: w, lambda: v, ())  # noqa: E731
+    got = torch.vmap(different)(flags)
+    torch.testing.assert_close(got, per_example(lambda p: w if p else v, flags))
+    with pytest.raises(ValueError, match="out_dim is None"):
+        torch.vmap(different, out_dims=None)(flags)
+
+
+def test_gradients_through_an_unchanged_output_and_a_masked_one():
+    # x flows out unchanged from every branch (gradient 1 whichever is taken) and into
+    # sqrt in one branch (gradient only where that branch is taken).
+    def f(p, x, y):
+        return cond(p, lambda x, y: (x, torch.sqrt(x) * y), lambda x, y: (x, y), (x, y))
+
+    def f_if(p, x, y):
+        return (x, torch.sqrt(x) * y) if p else (x, y)
+
+    p, y = torch.tensor([False, True, False]), torch.ones(3, 2)
+    x = torch.tensor([0.0, 4.0])
+
+    def loss(f, x):
+        out_x, out_y = f(x)
+        return out_x.sum() + out_y.sum()
+
+    batched = lambda x: torch.vmap(f, in_dims=(0, None, 0), out_dims=(None, 0))(p, x, y)  # noqa: E731
+    looped = lambda x: (x, per_example(lambda p, y: f_if(p, x, y)[1], p, y))  # noqa: E731
+    want = torch.func.grad(lambda x: loss(looped, x))(x)
+    assert not want.isnan().any()
+    torch.testing.assert_close(torch.func.grad(lambda x: loss(batched, x))(x), want)
+    torch.testing.assert_close(_backward(lambda x: loss(batched, x), x), want)
+
+
+def test_strategy_select_returns_an_operand_every_branch_returns_unchanged():
+    x = torch.ones(3)
+    out = cond(
+        torch.tensor(True), lambda x: (x, x + 1), lambda x: (x, x * 2), (x,), strategy="select"
+    )
+    assert out[0] is x
+    torch.testing.assert_close(out[1], x + 1)
+
+
+def test_map_conditional_with_a_batched_selector_equals_python_if():
+    # The rule autograd.Conditional.vmap uses, with the selector batched too.
+    from torchcond._src.batching import map_conditional
+    from torchcond._src.ops import cond_op, form_of
+
+    p = torch.tensor([True, False, True])
+    xs = torch.tensor([[1.0, 0.0, 4.0], [4.0, 9.0, 0.0]])  # batched along dim 1
+    w = torch.tensor([10.0, 20.0])
+    branches = [lambda x, w: (x.sqrt() + w, w), lambda x, w: (x - w, w)]
+    got = map_conditional(form_of(cond_op), p, 0, branches, (xs, w), (1, None), "error")
+    want = [
+        per_example(lambda p, x, j=j: branches[0 if p else 1](x, w)[j], p, xs.t()) for j in (0, 1)
+    ]
+    torch.testing.assert_close(list(got), want)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_nested_conditional_with_a_shared_predicate_in_a_branch_that_runs_untaken(shared):
+    # The inner predicate is readable: a Python `if` at the transform's level, although
+    # the outer branch runs under the recorder of its writes (a dispatch mode).
+    q = torch.tensor(shared)
+
+    def f(x, q):
+        inner = lambda: cond(q, lambda y: torch.sqrt(x) + y, lambda y: torch.log(x) + y, (x,))  # noqa: E731
+        return cond(x < EPS, lambda: x * 2, inner, ())
+
+    def f_if(x, q):
+        if x < EPS:
+            return x * 2
+        return torch.sqrt(x) + x if q else torch.log(x) + x
+
+    def batched(x):
+        return torch.vmap(f, in_dims=(0, None))(x, q)
+
+    want = torch.func.grad(lambda x: per_example(lambda x: f_if(x, q), x).sum())(ROOTS)
+    assert not want.isnan().any()
+    torch.testing.assert_close(torch.func.grad(lambda x: batched(x).sum())(ROOTS), want)
+    torch.testing.assert_close(_backward(batched, ROOTS), want)
+    torch.testing.assert_close(torch.vmap(torch.func.grad(f), in_dims=(0, None))(ROOTS, q), want)

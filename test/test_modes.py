@@ -295,6 +295,22 @@ def test_user_mode_under_torch_func():
     torch.testing.assert_close(out, torch.stack([python_if(POS), python_if(NEG)]))
 
 
+@pytest.mark.parametrize("x", [POS, NEG], ids=["true", "false"])
+def test_user_mode_under_torch_func_with_branches_closing_over_the_input(x):
+    # The taken branch runs at the transform's level, where x is differentiated (it
+    # once ran below it, and the gradient came back zero).
+    def f(x):
+        return cond(x.sum() > 0, lambda: (x @ W).sin().sum(), lambda: (x * x).sum(), ())
+
+    def f_if(x):
+        return (x @ W).sin().sum() if x.sum() > 0 else (x * x).sum()
+
+    with Log() as mode:
+        grad = torch.func.grad(f)(x)
+    torch.testing.assert_close(grad, torch.func.grad(f_if)(x))
+    assert ("aten.sin.default" in mode.ops) == (x is POS)  # only the taken branch ran
+
+
 # --- modes that take higher-order operators -----------------------------------------
 
 

@@ -6,7 +6,8 @@
   every branch runs on the whole batch and one fused select (``select_ops.py``) picks,
   per example, the taken branch's value of every output leaf.
 
-The second form is ``strategies.run_all_and_select`` over the batch.
+The second form is ``strategies.run_every_branch`` at the vmap level, then one
+select below it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .. import _compat
 from ..errors import BranchMutationError
 from .closures import Mapped
 from .forms import Form
-from .strategies import run_all_and_select, run_every_branch, select_outputs
+from .strategies import run_every_branch, select_outputs
 from .tracing import written_back
 
 
@@ -32,19 +33,19 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
         # that tensors a branch closes over are batched as its operands are; the
         # select runs below it, on the batch's own tensors.
         labels = form.labels(len(branches))
-        which, first, outputs, written = run_every_branch(
-            form, selector, branches, operands, labels
-        )
+        every = run_every_branch(form, selector, branches, operands, labels)
         size = interpreter.batch_size()
         which, first = (
-            _batch_first(t, level, size) if t is not None else None for t in (which, first)
+            _batch_first(t, level, size) if t is not None else None
+            for t in (every.which, every.first)
         )
-        outputs = [[_batch_first(t, level, size) for t in outs] for outs in outputs]
-        targets = {i: _written_per_example(operands[i], i, level, labels) for i in written}
+        outputs = [[_batch_first(t, level, size) for t in outs] for outs in every.outputs]
+        targets = {i: _written_per_example(operands[i], i, level, labels) for i in every.written}
         with interpreter.lower():
             out = select_outputs(which, first, outputs)
-            out = written_back(out, written, lambda i, value: targets[i].copy_(value))
-        return tuple(_compat.batch(t, 0, level) for t in out)
+            out = written_back(out, every.written, lambda i, value: targets[i].copy_(value))
+        # An output every branch returns unchanged keeps its own batching (none, say).
+        return every.merged([_compat.batch(t, 0, level) for t in out])
     tensors, in_dims = _unbatch_all(operands, level)
     selector, selector_dim = _compat.unbatch(selector, level)
     with interpreter.lower():
@@ -55,14 +56,13 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
             branches,
             tensors,
             in_dims,
-            interpreter.batch_size(),
             interpreter.randomness(),
         )
     return tuple(_compat.batch(t, 0, level) for t in out)
 
 
 def map_conditional(
-    form: Form, selector, selector_dim, branches, operands, in_dims, batch_size, randomness
+    form: Form, selector, selector_dim, branches, operands, in_dims, randomness
 ) -> tuple:
     """The conditional mapped over a batch (dims as vmap gives them); outputs batch-first.
 
@@ -72,9 +72,13 @@ def map_conditional(
     if selector_dim is None:
         mapped = vmapped_branches(branches, in_dims, randomness)
         return tuple(form.op(selector, *mapped, tuple(operands)))
-    return run_all_and_select_batched(
-        form, selector.movedim(selector_dim, 0), branches, operands, in_dims, batch_size, randomness
-    )
+
+    # The conditional per example, whose vmap rule (above) runs every branch and selects.
+    def per_example(selector, *operands):
+        return tuple(form.op(selector, *branches, operands))
+
+    mapped = torch.vmap(per_example, in_dims=(selector_dim, *in_dims), randomness=randomness)
+    return mapped(selector, *operands)
 
 
 def _unbatch_all(operands, level):
@@ -87,23 +91,6 @@ def _unbatch_all(operands, level):
 def vmapped_branches(branches: Sequence[Callable], in_dims: Sequence, randomness: str):
     """Each branch under ``torch.vmap``, batch dimension first on every output."""
     return [Mapped(b, tuple(in_dims), randomness) for b in branches]
-
-
-def run_all_and_select_batched(
-    form: Form, selector, branches, tensors, in_dims, batch_size: int, randomness: str
-):
-    """Every branch vmapped over the batch, then one select per example.
-
-    ``selector`` has the batch dimension first (one value per example); operands are
-    given with their batch dimension (or None when unbatched).
-    """
-    inputs = [
-        t.movedim(d, 0) if d is not None else _broadcast_batch(t, batch_size)
-        for t, d in zip(tensors, in_dims)
-    ]
-    dims = tuple(0 if isinstance(t, torch.Tensor) else None for t in inputs)
-    mapped = vmapped_branches(branches, dims, randomness)
-    return run_all_and_select(form, selector, mapped, inputs, form.labels(len(branches)))
 
 
 def _written_per_example(operand: torch.Tensor, i: int, level: int, labels) -> torch.Tensor:

@@ -9,11 +9,15 @@ once while every tensor handed to a torch function is recorded; a tensor the bra
 neither received nor produced, and that requires grad, is a closure autograd must
 see. ``bind`` then makes it an explicit input: the branch runs with each such tensor
 replaced, at every torch function call, by the value passed in its place.
+
+Where every branch runs (strategies.py), a branch's closures are found as it runs:
+under ``StandIns`` it reads, in place of each, a stand-in made at the first read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -22,7 +26,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import UnsupportedCondError
 from . import subgraph, tracing
-from .forms import Form
+from .forms import Form, is_conditional_op, pack, unpack
 from .subgraph import getattr_path
 from .tracing import SessionGraph, Traced, functionalized, plain, trace_branches
 
@@ -104,93 +108,75 @@ def lift_under_transform(form: Form, branches, operands: tuple):
         return branches, operands, ()
     tracer = _compat.active_fx_tracer()
     wrappers = Wrappers(_compat.transform_inner)
-    stand_ins = _StandIns(_compat.fake_mode_of(operands))
-    fns = [_recording(b, wrappers, stand_ins) for b in branches]
+    per_example = _PerExample(_compat.fake_mode_of(operands))
     with _compat.transform_levels_set_aside(), _compat.below_autograd():
-        inner = tuple(stand_ins.operand(t) for t in operands)
+        inner = tuple(per_example.operand(t) for t in operands)
+        fns = [_recording(b, wrappers, StandIns(inner, per_example)) for b in branches]
         if tracer is not None:
             labels = form.labels(len(branches))
-            traced = trace_in_session(tracer, fns, inner, labels, lift_also=stand_ins.made)
+            traced = trace_in_session(tracer, fns, inner, labels, lift_also=per_example.made)
             lifted = tuple(
-                stand_ins.outer(v, wrappers.outer) for v in traced.operands[len(operands) :]
+                per_example.outer(v, wrappers.outer) for v in traced.operands[len(operands) :]
             )
             return traced.branches, operands + lifted, traced.written
         for fn in fns:  # on fake or meta tensors: the selector is not readable
             fn(*inner)
-    found = wrappers.outer_values() + stand_ins.outer_values()
+    found = wrappers.outer_values() + per_example.outer_values()
     if not found:
         return branches, operands, ()
     return [bind(b, found, len(operands)) for b in branches], operands + found, ()
 
 
-class _StandIns(torch.overrides.TorchFunctionMode):
-    """A tensor batched by a vmap level set aside, replaced at every torch function
-    call by a fresh tensor of its per-example shape.
+class _PerExample:
+    """Stand-ins of per-example shape for tensors batched by vmap levels set aside.
 
     With the torch.func levels set aside, a batched tensor acts as the whole batch;
-    a branch run on stand-ins is the per-example function the levels map over. A
-    vmap inside the branch batches tensors of its own (whose bases the branch was
-    given or made): those stay.
+    a branch run on stand-ins is the per-example function the levels map over.
+    Called as ``StandIns``' ``stand_in`` for what a branch closes over.
     """
 
     def __init__(self, fake_mode):
-        super().__init__()
         self._fake_mode = fake_mode
-        self._by_id: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._made: set[int] = set()
-        # Tensors the branch was given or made; kept alive so their ids stay theirs.
-        self._own: dict[int, torch.Tensor] = {}
+        self._closures: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def operand(self, value):
         """An operand as a branch traced with the levels set aside receives it."""
-        if isinstance(value, torch.Tensor) and not _compat.is_vmapped(value):
-            value = _compat.functorch_base(value)
-        return self._owned(self._stand_in(value))
-
-    def _stand_in(self, value):
-        """A batched tensor from outside the branch as its stand-in; else ``value``."""
-        if not isinstance(value, torch.Tensor) or not _compat.is_vmapped(value):
+        if not isinstance(value, torch.Tensor):
             return value
-        if id(_compat.functorch_base(value)) in self._own:
-            return value
-        hit = self._by_id.get(id(value))
-        if hit is None:
-            if _compat.functional_mode() is not None:
-                raise UnsupportedCondError(
-                    "a torch.func transform inside vmap, over a conditional traced with "
-                    "functionalization whose branch reads a batched tensor, is not "
-                    "supported; pass the tensor as an operand of the conditional"
-                )
-            with _compat.disable_proxy_modes_tracing(), self._fake_mode or contextlib.nullcontext():
-                stand_in = torch.empty(value.shape, dtype=value.dtype, device=value.device)
-            hit = self._by_id[id(value)] = (value, stand_in)
-            self._made.add(id(stand_in))
-        return hit[1]
+        if _compat.is_vmapped(value):
+            return self._fresh(value)
+        return _compat.functorch_base(value)
 
-    def _owned(self, value):
-        if isinstance(value, torch.Tensor):
-            self._own[id(value)] = value
-        return value
+    def __call__(self, value: torch.Tensor) -> torch.Tensor:
+        if not _compat.is_vmapped(value):
+            return value
+        stand_in = self._fresh(value)
+        self._closures.append((value, stand_in))
+        return stand_in
+
+    def _fresh(self, value: torch.Tensor) -> torch.Tensor:
+        if _compat.functional_mode() is not None:
+            raise UnsupportedCondError(
+                "a torch.func transform inside vmap, over a conditional traced with "
+                "functionalization whose branch reads a batched tensor, is not "
+                "supported; pass the tensor as an operand of the conditional"
+            )
+        with _compat.disable_proxy_modes_tracing(), self._fake_mode or contextlib.nullcontext():
+            return torch.empty(value.shape, dtype=value.dtype, device=value.device)
 
     def made(self, value) -> bool:
-        return id(value) in self._made
+        return any(stand_in is value for _, stand_in in self._closures)
 
     def outer(self, value, otherwise: Callable):
         """The tensor a stand-in stands for; ``otherwise(value)`` for anything else."""
-        for wrapper, stand_in in self._by_id.values():
+        for batched, stand_in in self._closures:
             if stand_in is value:
-                return wrapper
+                return batched
         return otherwise(value)
 
     def outer_values(self) -> tuple:
-        """The batched tensors read, operands aside, in order of first use."""
-        return tuple(w for w, s in self._by_id.values())
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        args, kwargs = pytree.tree_map_only(torch.Tensor, self._stand_in, (args, kwargs or {}))
-        out = func(*args, **kwargs)
-        pytree.tree_map_only(torch.Tensor, self._owned, out)
-        return out
+        """The batched tensors the branches closed over, in order of first read."""
+        return tuple(batched for batched, _ in self._closures)
 
 
 def _given_as_is(branch) -> bool:
@@ -310,6 +296,98 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
             return branch(*args[:n_operands])
 
     return bound
+
+
+class StandIns(torch.overrides.TorchFunctionMode):
+    """While active, a branch reads ``stand_in(t)`` in place of each tensor ``t`` it
+    closes over, made at the first read; ``stand_in`` may return ``t`` itself.
+
+    A tensor is closed over when it is neither ``given`` (the branch's inputs) nor
+    made under this mode. The branches of a conditional called under it run under it
+    too, so what they close over is replaced as well.
+    """
+
+    def __init__(self, given: Sequence, stand_in: Callable[[torch.Tensor], torch.Tensor]):
+        super().__init__()
+        self.stand_in = stand_in
+        self.kept = _ByIdentity()
+        for t in given:
+            if isinstance(t, torch.Tensor):
+                self.kept.put(t, t)
+        self.swapped = _ByIdentity()
+        # Weak, so the branch's intermediates are freed as they would be without it.
+        self.made = _ByIdentity(weak=True)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        args, kwargs = pytree.tree_map_only(torch.Tensor, self._swap, (args, kwargs or {}))
+        if is_conditional_op(func):
+            selector, branches, operands = unpack(args)
+            args = pack(selector, [self._within(b) for b in branches], operands)
+        out = func(*args, **kwargs)
+        for value in pytree.tree_leaves(out):
+            if isinstance(value, torch.Tensor) and self.kept.get(value) is None:
+                self.made.put(value, value)
+        return out
+
+    def _swap(self, value: torch.Tensor) -> torch.Tensor:
+        swapped = self.swapped.get(value)
+        if swapped is not None:
+            return swapped
+        if self._own(value):
+            return value
+        # A torch.func level's wrapper of what the branch owns (dynamo shows none).
+        if not _compat.is_dynamo_compiling() and self._own(_compat.functorch_base(value)):
+            return value
+        stand_in = self.stand_in(value)
+        self.swapped.put(value, stand_in)
+        self.kept.put(stand_in, stand_in)
+        return stand_in
+
+    def _own(self, value: torch.Tensor) -> bool:
+        return self.kept.get(value) is not None or self.made.get(value) is not None
+
+    def _within(self, branch):
+        # A closure-free graph reads nothing to replace.
+        if closure_free(branch):
+            return branch
+
+        def run(*args):
+            with self:
+                return branch(*args)
+
+        return run
+
+
+class _ByIdentity:
+    """Values keyed by tensors' identity: by ``id`` eagerly (holding the key, so its id
+    stays its own; or, ``weak``, dropping an entry when its key is freed, the value
+    being the key itself); by ``is`` under dynamo, which cannot take the id of a tensor
+    made in the trace on every release (2.11) and traces no weakref."""
+
+    def __init__(self, weak: bool = False):
+        self.listed = _compat.is_dynamo_compiling()
+        self.weak = weak and not self.listed
+        self.pairs: list = []
+        self.by_id: dict | weakref.WeakValueDictionary = (
+            weakref.WeakValueDictionary() if self.weak else {}
+        )
+
+    def get(self, key: torch.Tensor):
+        if self.listed:  # newest first: a branch mostly reads what it just made
+            for k, value in reversed(self.pairs):
+                if k is key:
+                    return value
+            return None
+        hit = self.by_id.get(id(key))
+        if self.weak:
+            return hit if hit is key else None
+        return hit[1] if hit is not None else None
+
+    def put(self, key: torch.Tensor, value) -> None:
+        if self.listed:
+            self.pairs.append((key, value))
+        else:
+            self.by_id[id(key)] = value if self.weak else (key, value)
 
 
 class Wrappers(torch.overrides.TorchFunctionMode):

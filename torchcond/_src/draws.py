@@ -25,7 +25,7 @@ import torch
 
 from .. import _compat
 from ..errors import UnsupportedCondError
-from .forms import pack, unpack
+from .forms import is_conditional_op, pack, unpack
 from .subgraph import getattr_path, written_arguments
 
 
@@ -176,16 +176,8 @@ def _random_values(gm: torch.fx.GraphModule, label: str) -> list[_Slot]:
     return refs
 
 
-_CONDITIONALS = ("torchcond_cond", "torchcond_switch")
-
-
 def _is_conditional(node: torch.fx.Node) -> bool:
-    target = node.target
-    return (
-        node.op == "call_function"
-        and isinstance(target, _compat.HigherOrderOperator)
-        and target.name() in _CONDITIONALS
-    )
+    return node.op == "call_function" and is_conditional_op(node.target)
 
 
 def _nested_draws(gm, node: torch.fx.Node, label: str) -> list[_Slot]:

@@ -293,6 +293,14 @@ def switch_branch_of(index: torch.Tensor, n: int) -> torch.Tensor:
     return wide.clamp(0, n - 1)
 
 
+COND_NAME, SWITCH_NAME = "torchcond_cond", "torchcond_switch"  # the operators' names
+
+
+def is_conditional_op(op) -> bool:
+    """``op`` is ``torchcond_cond`` or ``torchcond_switch``."""
+    return isinstance(op, _compat.HigherOrderOperator) and op.name() in (COND_NAME, SWITCH_NAME)
+
+
 def unpack(args: tuple) -> tuple:
     """``(selector, *branches, operands)`` -> ``(selector, branches, operands)``."""
     return args[0], args[1:-1], args[-1]

@@ -33,7 +33,16 @@ from . import distributed
 from .autograd import autograd_rule, functorch_rule
 from .batching import vmap_rule
 from .closures import trace_in_session
-from .forms import Form, cond_form, pack, readable_on_host, switch_form, unpack
+from .forms import (
+    COND_NAME,
+    SWITCH_NAME,
+    Form,
+    cond_form,
+    pack,
+    readable_on_host,
+    switch_form,
+    unpack,
+)
 from .merge import check_agreement, merge_branch_outputs
 from .modes import (
     USER_MODES,
@@ -74,7 +83,7 @@ class CondOp(_ConditionalOp):
     """``torchcond_cond(pred, true_graph, false_graph, operands)``."""
 
     def __init__(self):
-        super().__init__("torchcond_cond")
+        super().__init__(COND_NAME)
 
     # HigherOrderOperator.__call__ is abstract: each operator states its signature.
     def __call__(self, pred, true_fn, false_fn, operands):
@@ -89,7 +98,7 @@ class SwitchOp(_ConditionalOp):
     """
 
     def __init__(self):
-        super().__init__("torchcond_switch")
+        super().__init__(SWITCH_NAME)
 
     def __call__(self, index, *branches_then_operands):
         return super().__call__(index, *branches_then_operands)

@@ -19,19 +19,22 @@ did not take a branch: ``cond(x > 0, torch.log, torch.zeros_like)`` evaluates ``
 on negative examples, whose backward is ``inf``. Multiplying by a zero cotangent would
 give ``0 * inf = NaN``, so each branch's inputs also go through a select
 (``select(mask, x, x.detach())``) whose backward *reads only* the taken examples'
-gradients.
+gradients. Its inputs are its operands and the tensors it closes over (read through
+``closures.StandIns``), where they need a gradient.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
 from .. import _compat
 from ..errors import BranchMismatchError, CondArgumentError
 from . import select_ops
+from .closures import StandIns
 from .forms import Form, python_scalar
 from .tracing import written_back
 from .write_guard import BranchWrites, needs_grad, recording_writes
@@ -81,21 +84,46 @@ def run_all_and_select(
     choice for everything). No value is read on the host. An operand some branch
     writes to is selected the same way and takes the selected value.
     """
-    which, first, outputs, written = run_every_branch(form, selector, branches, operands, labels)
-    out = select_outputs(which, first, outputs)
-    return written_back(out, written, lambda i, value: operands[i].copy_(value))
+    every = run_every_branch(form, selector, branches, operands, labels)
+    out = select_outputs(every.which, every.first, every.outputs)
+    out = written_back(out, every.written, lambda i, value: operands[i].copy_(value))
+    return every.merged(out)
 
 
-def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]):
-    """Every branch's outputs, and what picks between them: ``(which, first, outputs,
-    written)``.
+class EveryBranch(NamedTuple):
+    """What ``run_every_branch`` found: every branch's outputs and what picks between them.
 
     ``first`` holds where branch 0 is taken; ``which`` is the branch index, or None
-    for cond (``first`` is then the predicate). A branch's writes to operands are
-    undone after it runs (write_guard.py); ``written`` lists the operands some branch
-    wrote to, and every branch's outputs end with their values after that branch (the
-    old value for a branch that left one alone). Outputs are checked to be
-    selectable, with errors naming output paths.
+    for cond (``first`` is then the predicate). ``outputs`` has, per branch, the
+    outputs to select (those not in ``same``), then the values after that branch of
+    the operands at ``written`` (the old value for a branch that left one alone).
+    ``same`` maps an output position to the tensor every branch returned there, as
+    a Python ``if`` would return it whichever branch it took: it needs no select.
+    """
+
+    which: torch.Tensor | None
+    first: torch.Tensor
+    outputs: list[tuple]
+    written: list[int]
+    same: dict[int, torch.Tensor]
+
+    def merged(self, selected: Sequence) -> tuple:
+        """The conditional's outputs: ``selected`` (the selected outputs, without the
+        written operands) with the ``same`` ones put back in their places."""
+        rest = iter(selected)
+        n = len(selected) + len(self.same)
+        return tuple(self.same[j] if j in self.same else next(rest) for j in range(n))
+
+
+def run_every_branch(
+    form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]
+) -> EveryBranch:
+    """Run every branch on ``operands`` (see ``EveryBranch`` for what comes back).
+
+    Each branch's differentiable inputs, operands and the tensors it closes over
+    alike, are masked to the examples that take it (module docstring). A branch's
+    writes to operands are undone after it runs (write_guard.py). Outputs are
+    checked to be selectable, with errors naming output paths.
     """
     n = len(branches)
     if n == 2 and selector.dtype is torch.bool:  # cond: the predicate is the mask
@@ -103,29 +131,97 @@ def run_every_branch(form: Form, selector: torch.Tensor, branches, operands, lab
     else:
         which = form.branch_of(selector, n)
         first = which == 0
+    grad_mode = torch.is_grad_enabled()
     guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and needs_grad(t)]
-    outputs, values = [], []
+    outputs, values, given = [], [], []
     for k, branch in enumerate(branches):
-        inputs = operands
-        if guarded:
-            mask = first if k == 0 else (~first if which is None else which == k)
-            inputs = _masked(mask, operands, guarded)
+        mask = _Mask(first, which, k)
+        inputs = _masked(mask(), operands, guarded) if guarded else list(operands)
         writes = BranchWrites()
-        with recording_writes(labels[k], inputs, writes):
+        with (
+            recording_writes(labels[k], inputs, writes),
+            _closures_masked(mask, inputs, writes, grad_mode),
+        ):
             outs = tuple(branch(*inputs))
         outs, new_values = writes.finish(inputs, outs)
         outputs.append(outs)
         values.append(new_values)
+        given.append(inputs)
+    _check_selectable(labels, outputs)
+    same = _same_outputs(outputs, given, operands)
     written = sorted({i for mine in values for i in mine})
     outputs = [
-        (*outs, *(mine.get(i, operands[i]) for i in written)) for outs, mine in zip(outputs, values)
+        (
+            *(o for j, o in enumerate(outs) if j not in same),
+            *(mine.get(i, operands[i]) for i in written),
+        )
+        for outs, mine in zip(outputs, values)
     ]
-    _check_selectable(labels, outputs)
-    return which, first, outputs, written
+    return EveryBranch(which, first, outputs, written, same)
+
+
+class _Mask:
+    """Where branch ``k`` is taken, computed once on first use."""
+
+    def __init__(self, first: torch.Tensor, which: torch.Tensor | None, k: int):
+        self.first, self.which, self.k = first, which, k
+        self.value: torch.Tensor | None = None
+
+    def __call__(self) -> torch.Tensor:
+        if self.value is None:
+            if self.k == 0:
+                self.value = self.first
+            elif self.which is None:
+                self.value = ~self.first
+            else:
+                self.value = self.which == self.k
+        return self.value
+
+
+def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool):
+    """A context in which each tensor the branch closes over that needs a gradient is
+    read masked, as its operands are (``_masked``)."""
+    if not grad_mode and not _compat.transforms_active():
+        return contextlib.nullcontext()  # nothing can need a gradient
+
+    def stand_in(t: torch.Tensor) -> torch.Tensor:
+        # Whether a gradient is needed is the conditional's grad mode, not the one
+        # where the branch first reads the tensor (it may read it under no_grad).
+        with torch.set_grad_enabled(grad_mode):
+            if not needs_grad(t):
+                return t
+            where = mask()
+            if where.device != t.device and where.device.type != "cpu":
+                where = where.to(t.device)  # a CPU scalar beside CUDA tensors, say
+            (masked,) = select_ops.select(where, [t], [t.detach()])
+        writes.stand_in(masked)
+        return masked
+
+    return StandIns(inputs, stand_in)
+
+
+def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:
+    """Output positions where every branch returns the same tensor: the same operand
+    (each branch's masked stand-in of it counts as the operand), or the same object."""
+
+    def original(out, inputs):
+        for i, t in enumerate(inputs):
+            if out is t:
+                return operands[i]
+        return out
+
+    same = {}
+    for j, out in enumerate(outputs[0]):
+        value = original(out, given[0])
+        if all(original(outs[j], inputs) is value for outs, inputs in zip(outputs[1:], given[1:])):
+            same[j] = value
+    return same
 
 
 def select_outputs(which, first, outputs) -> tuple:
     """One fused select over every output (see ``run_every_branch``)."""
+    if not outputs[0]:
+        return ()
     if which is None or len(outputs) == 2:
         return tuple(select_ops.select(first, outputs[0], outputs[1]))
     return tuple(select_ops.select_n(which, outputs))

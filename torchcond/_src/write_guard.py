@@ -47,6 +47,14 @@ class BranchWrites:
     def __init__(self):
         # position -> (the operand's own tensor below any functorch wrapper, its old value)
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Storages of tensors read in place of ones from outside (strategies.py masks
+        # closures): made in the branch, but a write to one is a write to the outside.
+        self.outside: set = set()
+
+    def stand_in(self, t: torch.Tensor) -> None:
+        """``t`` is read in place of a tensor from outside the branch."""
+        if not _compat.is_dynamo_compiling():  # dynamo records no writes (see above)
+            self.outside.add(_storage_id(t))
 
     def finish(self, operands: Sequence, outputs: tuple) -> tuple[tuple, dict[int, torch.Tensor]]:
         """The branch's outputs, and the new values of the operands it wrote to (each a
@@ -89,7 +97,10 @@ class _WriteRecorder(_compat.TorchDispatchMode):
         writes, fresh = _effects(func)
         if writes:
             for value in written_arguments(func, args, kwargs):
-                if isinstance(value, torch.Tensor) and _storage_id(value) not in self.created:
+                if not isinstance(value, torch.Tensor):
+                    continue
+                storage = _storage_id(value)
+                if storage not in self.created or storage in self.writes.outside:
                     self._before_write(func, value)
         out = func(*args, **kwargs)
         if fresh:  # a view or an in-place result shares an input's storage
@@ -137,10 +148,12 @@ def needs_grad(t: torch.Tensor) -> bool:
     """A floating tensor autograd or a torch.func transform differentiates."""
     if not (t.dtype.is_floating_point or t.dtype.is_complex):
         return False
-    if torch.is_grad_enabled() and t.requires_grad:
+    if _compat.is_dynamo_compiling():  # dynamo sees no functorch wrappers
+        return torch.is_grad_enabled() and t.requires_grad
+    if _compat.is_differentiated_by_transform(t):
         return True
-    # dynamo sees no functorch wrappers (and cannot trace the query)
-    return not _compat.is_dynamo_compiling() and _compat.is_differentiated_by_transform(t)
+    # Under vmap, autograd records below the batched wrapper, which never requires grad.
+    return torch.is_grad_enabled() and _compat.functorch_base(t).requires_grad
 
 
 def _storage_id(t: torch.Tensor):
