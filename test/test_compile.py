@@ -17,11 +17,13 @@ size, compiled with ``dynamic=True``), ``data`` (computed from the input's value
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from helpers import TORCH_VERSION
 from torch._dynamo.testing import CompileCounterWithBackend
 
@@ -339,3 +341,196 @@ def test_select_strategy_refuses_writes_under_compile(backend):
         torch.compile(g, backend=backend, fullgraph=True)(x, torch.tensor(0))
     torch.testing.assert_close(buffer, torch.zeros(3))
     torch.testing.assert_close(x, torch.full((3,), 2.0))
+
+
+# --- composition: what dynamo, AOTAutograd and Inductor do around a conditional -------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_identity_branch_leaves_its_operand_as_it_was(backend):
+    """A branch that returns its operand unchanged: the operand after the call is still
+    the operand, not the conditional's result (each strategy, cond and switch)."""
+
+    def f(x, i):
+        outs = []
+        for strategy in ("auto", "select"):
+            a = cond(x < 3, lambda x: x, lambda x: 2 * x, (x,), strategy=strategy)
+            b = cond(x < 3, lambda x: (x, x), lambda x: (2 * x, 4 * x), (x,), strategy=strategy)
+            c = switch(i, [lambda x: x, lambda x: 2 * x], (x,), strategy=strategy)
+            outs += [a, *b, c, a + x, c * x]
+        return outs
+
+    def python_if(x, i):
+        a, b = (x, (x, x)) if x < 3 else (2 * x, (2 * x, 4 * x))
+        c = x if i <= 0 else 2 * x
+        return [a, *b, c, a + x, c * x] * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    for x, i in [(2, 0), (3, 1), (3, 0), (2, 1)]:
+        x, i = torch.tensor(float(x)), torch.tensor(i)
+        torch.testing.assert_close(compiled(x, i), python_if(x, i))
+
+
+def test_an_identity_branch_returned_under_training():
+    def f(x):
+        y = cond(x.sum() < 3, lambda x: x, lambda x: x.sin(), (x,))
+        return y * x
+
+    def python_if(x):
+        return (x if x.sum() < 3 else x.sin()) * x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    for x in (torch.ones(3) * 0.5, torch.ones(3) * 2):
+        x = x.requires_grad_()
+        torch.testing.assert_close(compiled(x), python_if(x))
+        (got,) = torch.autograd.grad(compiled(x).sum(), x)
+        (want,) = torch.autograd.grad(python_if(x).sum(), x)
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_size_made_inside_a_branch(backend):
+    """An unbacked size created in both branches (``nonzero``) becomes one unbacked size
+    of the node, through AOTAutograd and Inductor, as with torch.cond."""
+
+    def branches(where):
+        return (
+            lambda x: torch.ones(where(x).size(0), 8).cos(),
+            lambda x: torch.ones(where(x).size(0), 8).sin() + x.sum(),
+        )
+
+    def ours(x):
+        return cond(x.sum() > 0, *branches(torch.nonzero), (x,))
+
+    def theirs(x):
+        return torch.cond(x.sum() > 0, *branches(torch.nonzero), (x,))
+
+    def python_if(x):
+        true_fn, false_fn = branches(torch.nonzero)
+        return true_fn(x) if x.sum() > 0 else false_fn(x)
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        for fn in (ours, theirs):
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend=backend, fullgraph=True)
+            for x in (torch.tensor([1.0, 0.0, 2.0]), torch.tensor([-1.0, 0.0, -2.0, -3.0])):
+                torch.testing.assert_close(compiled(x), python_if(x))
+
+
+@pytest.mark.parametrize("tracing_mode", ["fake", "symbolic"])
+def test_a_size_made_inside_a_branch_under_make_fx(tracing_mode):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        return cond(x.sum() > 0, lambda x: x.nonzero() * 2, lambda x: x.nonzero(), (x,))
+
+    gm = make_fx(f, tracing_mode=tracing_mode)(torch.tensor([1.0, 0.0, 2.0]))
+    for x in (torch.tensor([1.0, 0.0, 2.0]), torch.tensor([-1.0, 0.0, -2.0, -3.0])):
+        torch.testing.assert_close(gm(x), x.nonzero() * 2 if x.sum() > 0 else x.nonzero())
+
+
+def test_training_with_a_closure_over_a_view_of_symbolic_size():
+    """The backward's branch graphs take the size symbol (``s0`` of ``4*s0``) as an
+    input, as the forward's do: Inductor compiles each graph on its own."""
+
+    def branches(v, w):
+        return lambda: (v @ w).sin(), lambda: (v @ w).cos()
+
+    def ours(x, w):
+        v = x.view(-1, 4)
+        return cond(v.sum() > 0, *branches(v, w), ())
+
+    def theirs(x, w):
+        v = x.view(-1, 4)
+        return torch.cond(v.sum() > 0, *branches(v, w), ())
+
+    def python_if(x, w):
+        v = x.view(-1, 4)
+        true_fn, false_fn = branches(v, w)
+        return true_fn() if v.sum() > 0 else false_fn()
+
+    torch.manual_seed(0)
+    cases = [(torch.rand(2, 4, 4), torch.randn(4, 4)), (-torch.rand(3, 4, 4), torch.randn(4, 4))]
+    for fn in (ours, theirs):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=True)
+        for x, w in cases:
+            x, w = x.requires_grad_(), w.requires_grad_()
+            got = compiled(x, w)
+            want = python_if(x, w)
+            torch.testing.assert_close(got, want)
+            grads = torch.autograd.grad(got.square().sum(), (x, w))
+            torch.testing.assert_close(grads, torch.autograd.grad(want.square().sum(), (x, w)))
+
+
+@dataclasses.dataclass
+class Pair:
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+pytree.register_pytree_node(
+    Pair,
+    lambda p: ([p.a, p.b], None),
+    lambda values, _: Pair(*values),
+    flatten_with_keys_fn=lambda p: (
+        [(pytree.GetAttrKey("a"), p.a), (pytree.GetAttrKey("b"), p.b)],
+        None,
+    ),
+)
+
+
+def _nested_true(d, items, pair):
+    return {"s": d["x"] + items[0] * pair.a, "t": [items[1][0] - pair.b, (d["x"],)]}
+
+
+def _nested_false(d, items, pair):
+    return {"s": d["x"] - items[0], "t": [items[1][0] * pair.b, (pair.a.sin(),)]}
+
+
+@pytest.mark.parametrize("strategy", ["auto", "select"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_pytree_operands_and_outputs(backend, strategy):
+    """Operands are flattened as eagerly (a custom node, dicts, lists, tuples, nested),
+    and outputs come back in the structure the branches return."""
+
+    def f(x, d, items, pair, i):
+        out = cond(x.sum() > 0, _nested_true, _nested_false, (d, items, pair), strategy=strategy)
+        summed = cond(x.sum() > 0, lambda p: p.a + p.b, lambda p: p.a - p.b, (pair,))
+        chosen = switch(i, [_nested_false, _nested_true], (d, items, pair), strategy=strategy)
+        return out, summed, chosen
+
+    def python_if(x, d, items, pair, i):
+        out = (_nested_true if x.sum() > 0 else _nested_false)(d, items, pair)
+        summed = pair.a + pair.b if x.sum() > 0 else pair.a - pair.b
+        chosen = (_nested_false if i <= 0 else _nested_true)(d, items, pair)
+        return out, summed, chosen
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    for sign, i in [(1.0, 0), (-1.0, 1), (1.0, 5)]:
+        x = sign * torch.rand(3)
+        args = (x, {"x": x * 2}, [x + 1, (x - 1,)], Pair(x.cos(), x.exp()), torch.tensor(i))
+        torch.testing.assert_close(compiled(*args), python_if(*args))
+
+
+def test_a_branch_returning_an_object_it_makes_is_refused_by_name():
+    # Dynamo drops what a branch stores on an object it creates (torch.cond fails
+    # here with "'Pair' object has no attribute 'a'"); select never returns the object.
+    def f(x, strategy):
+        return cond(
+            x.sum() > 0,
+            lambda x: Pair(x, x * 2),
+            lambda x: Pair(x * 3, x),
+            (x,),
+            strategy=strategy,
+        )
+
+    x = torch.rand(3)
+    torch._dynamo.reset()
+    with pytest.raises(UnsupportedCondError, match=r"true_fn returns a Pair: under torch\.compile"):
+        torch.compile(f, backend="eager", fullgraph=True)(x, "auto")
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(x, "select")
+    torch.testing.assert_close((got.a, got.b), (x, x * 2))

@@ -13,7 +13,9 @@ from torchcond import (
     CondError,
     UnsupportedCondError,
     cond,
+    cond_op,
     switch,
+    switch_op,
 )
 
 x = torch.ones(3)
@@ -78,6 +80,53 @@ def test_operands_not_a_tuple_or_list(operands):
 def test_operands_with_a_non_tensor_leaf_names_the_path():
     with pytest.raises(CondArgumentError, match=re.escape("operands[1]['k'] is int (3)")):
         cond(torch.tensor(True), ident, ident, (x, {"k": 3}))
+
+
+# One mistake each, as ``x -> output``: every one is refused with the same error, word
+# for word, eagerly, under make_fx and under torch.compile(fullgraph=True).
+BAD_CALLS = {
+    "pred None": lambda x: cond(None, ident, ident, (x,)),
+    "pred str": lambda x: cond("yes", ident, ident, (x,)),
+    "pred list": lambda x: cond([True], ident, ident, (x,)),
+    "pred complex number": lambda x: cond(1j, ident, ident, (x,)),
+    "pred complex tensor": lambda x: cond(x.sum() * 1j, ident, ident, (x,)),
+    "pred several elements": lambda x: cond(x, ident, ident, (x,)),
+    "pred no element": lambda x: cond(x[:0] > 0, ident, ident, (x,)),
+    "pred None, select": lambda x: cond(None, ident, ident, (x,), strategy="select"),
+    "pred several elements, select": lambda x: cond(x > 0, ident, ident, (x,), strategy="select"),
+    "true_fn": lambda x: cond(x.sum() > 0, 3, ident, (x,)),
+    "operands": lambda x: cond(x.sum() > 0, ident, ident, [x, {"k": 3}]),
+    "strategy": lambda x: cond(x.sum() > 0, ident, ident, (x,), strategy="fast"),
+    "index None": lambda x: switch(None, [ident, ident], (x,)),
+    "index float": lambda x: switch(1.0, [ident, ident], (x,)),
+    "index bool": lambda x: switch(True, [ident, ident], (x,)),
+    "index str": lambda x: switch("1", [ident, ident], (x,)),
+    "index float tensor": lambda x: switch(x.sum(), [ident, ident], (x,)),
+    "index bool tensor": lambda x: switch(x.sum() > 0, [ident, ident], (x,)),
+    "index several elements": lambda x: switch(x.long(), [ident, ident], (x,)),
+    "index None, select": lambda x: switch(None, [ident, ident], (x,), strategy="select"),
+    "no branches": lambda x: switch(x.sum().long(), [], (x,)),
+    "branches not a list": lambda x: switch(x.sum().long(), ident, (x,)),
+    "branches[1]": lambda x: switch(x.sum().long(), [ident, None], (x,)),
+    # The operators themselves, as an exported program calls them.
+    "operator pred None": lambda x: cond_op(None, lambda x: (x,), lambda x: (-x,), (x,)),
+    "operator index float": lambda x: switch_op(1.5, lambda x: (x,), lambda x: (-x,), (x,)),
+}
+
+
+@pytest.mark.parametrize("mistake", BAD_CALLS)
+def test_every_mode_raises_the_eager_error(mistake):
+    fn = BAD_CALLS[mistake]
+    with pytest.raises(CondArgumentError) as eager:
+        fn(x)
+    with pytest.raises(CondArgumentError) as traced:
+        make_fx(fn)(x)
+    assert str(traced.value) == str(eager.value)
+    torch._dynamo.reset()
+    with pytest.raises(CondArgumentError) as compiled:
+        torch.compile(fn, backend="eager", fullgraph=True)(x)
+    # Dynamo adds the user's frames after the message.
+    assert str(compiled.value).split("\n\nfrom user code:")[0] == str(eager.value)
 
 
 def trace(fn, *args):
@@ -394,7 +443,7 @@ def test_compiled_mismatch_names_the_output_path():
         return cond(x.sum() > 0, lambda x: (x, {"h": x}), lambda x: (x, {"h": x.long()}), (x,))
 
     with pytest.raises(
-        Exception,
+        BranchMismatchError,
         match=re.escape(
             "output[1]['h']: branches must agree on dtype; true_fn gives torch.float32, "
             "false_fn gives torch.int64"

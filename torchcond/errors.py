@@ -29,22 +29,20 @@ class CondError(Exception):
         CondArgumentError True
     """
 
-    def __init__(
-        self, message: str = "", *, path: tuple[Literal["output", "operand"], int] | None = None
-    ):
-        # ``path``: the message is about one flat output or operand, written ``{path}``
-        # in it. The rules that raise see flat tuples; the boundary that flattened the
-        # user's pytrees names the position (``named``).
-        self.template = message
-        self.path = path
-        if path is not None:
-            message = message.replace("{path}", _FLAT_NAMES[path[0]].format(path[1]))
-        super().__init__(message)
+    # An error about one flat output or operand (``at``) keeps its message with
+    # ``{path}`` for the position (``template``) and the position (``path``): the
+    # rules that raise see flat tuples; the boundary that flattened the user's pytrees
+    # names the position (``named``). No ``__init__``: dynamo constructs these errors
+    # when it traces a check, and cannot trace one on every torch release.
+    template: str = ""
+    path: tuple[Literal["output", "operand"], int] | None = None
 
     @classmethod
     def at(cls, kind: Literal["output", "operand"], index: int, message: str):
         """An error about flat ``kind`` number ``index``; ``message`` says ``{path}`` for it."""
-        return cls(message, path=(kind, index))
+        error = cls(message.replace("{path}", _FLAT_NAMES[kind].format(index)))
+        error.template, error.path = message, (kind, index)
+        return error
 
     def named(self, outputs: Sequence[str], operands: Sequence[str]):
         """This error with its flat position named from the user's pytrees, or itself

@@ -417,7 +417,12 @@ def sub_tracer_modes(sub, parent):
 
 
 def trace_inner(sub, fn: Callable, args: tuple) -> torch.fx.GraphModule:
-    return sub._trace_inner(run_with_interpreter(fn), *args)
+    # With the caller's proxy mode set aside, as when a mode's rule traces a HOP's
+    # branches: once the branch is traced, _trace_inner inserts the runtime asserts
+    # of the sizes it made (``u0 >= 0`` of a nonzero), and the caller's mode would
+    # record them, where those sizes are unknown.
+    with disable_proxy_modes_tracing():
+        return sub._trace_inner(run_with_interpreter(fn), *args)
 
 
 def keep_stack_frames(fx_tracer, keep: Callable) -> None:

@@ -14,6 +14,10 @@ Checked on torch 2.11.0, 2.13.0, 2.14.1 and 2.15.0 (identical internals for
 everything used here). A proposed split of ``higher_order_ops.py`` into a package
 keeps the registry among the globals of ``TorchHigherOrderOperatorVariable.make``,
 which is where it is read.
+``raise_at_compile_time`` hands a torchcond error found while dynamo traces to the
+caller as eager raises it (``torch.compiler.assume_constant_result``, and
+``torch._dynamo.exc.TorchRuntimeError``, which dynamo re-raises unchanged; the same
+on those releases).
 Importing dynamo costs most of a second, so nothing here runs until dynamo itself is
 imported (see ``install``).
 """
@@ -23,13 +27,52 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from typing import NoReturn
 
 import torch
 import torch.utils._pytree as pytree
 
+from ..errors import CondError
 from .after_import import when_imported
 
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
+
+
+def raise_at_compile_time(error_type: type[CondError], message: str) -> NoReturn:
+    """Raise ``error_type(message)`` out of dynamo's trace to the caller of the
+    compiled function, as the same call raises it eagerly.
+
+    An exception that traced code raises reaches a ``fullgraph=True`` caller as
+    dynamo's ``Unsupported``. Dynamo calls a function marked
+    ``assume_constant_result`` (as this one is, below) while it traces, and
+    passes a ``TorchRuntimeError`` raised there on unchanged; the error raised is
+    both (``compile_time_error``).
+    """
+    raise compile_time_error(error_type, message)
+
+
+# What torch.compiler.assume_constant_result(raise_at_compile_time) does on 2.11-2.15,
+# which would import dynamo now (most of a second) and fails while dynamo imports.
+raise_at_compile_time._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+_COMPILE_TIME_ERRORS: dict[type, type] = {}
+
+
+def compile_time_error(error_type: type[CondError], message: str) -> CondError:
+    """``error_type(message)`` that dynamo passes on to the caller unchanged: also a
+    ``TorchRuntimeError``, as torch's own errors found while tracing are."""
+    from torch._dynamo.exc import TorchRuntimeError
+
+    both = _COMPILE_TIME_ERRORS.get(error_type)
+    if both is None:
+        both = type(
+            error_type.__name__,
+            (error_type, TorchRuntimeError),
+            {"__module__": error_type.__module__, "__qualname__": error_type.__qualname__},
+        )
+        _COMPILE_TIME_ERRORS[error_type] = both
+    return both(message)
 
 
 def install(forms: dict, check_outputs) -> None:
@@ -37,7 +80,8 @@ def install(forms: dict, check_outputs) -> None:
 
     ``forms`` maps each operator to ``(taken, labels)``: ``taken(constant_selector, n)
     -> branch index``, used when dynamo sees a constant selector and inlines that
-    branch, and ``labels(n)``, the branches' names in messages.
+    branch (it raises a ``CondError`` for a constant that is no selector), and
+    ``labels(n)``, the branches' names in messages.
     ``check_outputs(per_branch_outputs, labels, out_spec)`` raises, naming the output
     path, when the speculated branches' outputs cannot be one operator's outputs.
     """
@@ -84,6 +128,26 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
         node = proxy.node
         return ("attr", node.target) if node.op == "get_attr" else ("node", node)
 
+    def _made_inside(ret_val, graph):
+        """The first branch's outputs that dynamo may re-point at the node's outputs.
+
+        Dynamo gives the variables a branch returned the node's outputs as their
+        values, so that code after the call sees the conditional's result. A variable
+        the branch returned unchanged (an operand, a tensor it closes over) is the
+        caller's own, and must keep meaning the input: re-pointed, ``x`` after
+        ``cond(p, lambda x: x, g, (x,))`` would be the conditional's output.
+        """
+        v = variables()
+        return v.TupleVariable(
+            [
+                vt
+                if getattr(getattr(vt, "proxy", None), "node", None) is not None
+                and vt.proxy.node.graph is graph
+                else v.ConstantVariable.create(None)
+                for vt in ret_val.items
+            ]
+        )
+
     class TorchcondConditionalVariable(hop.TorchHigherOrderOperatorVariable):
         _HOP_NAME = op_name
         _ALLOW_FALLBACK_TO_EAGER = False
@@ -107,8 +171,12 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
                 refuse("operands must be tensors", operands)
             if selector.is_python_constant():
                 constant = selector.as_python_constant()
+                try:  # a constant that is no selector (None, a string) is refused
+                    index = taken(constant, len(branch_vts))
+                except CondError as error:
+                    raise compile_time_error(type(error), str(error)) from None
                 _warn_constant_selector(op_name, constant)
-                branch = branch_vts[taken(constant, len(branch_vts))]
+                branch = branch_vts[index]
                 return branch.call_function(tx, list(operand_vts), {})
             if not isinstance(selector, (v.TensorVariable, v.SymNodeVariable)):
                 refuse("the selector must be a tensor or a SymBool/SymInt", selector)
@@ -135,10 +203,8 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
                     names,
                     _python_treespec(speculated[0][1]),
                 )
-            except Exception as error:  # as a failing fake-tensor call reports it
-                from torch._dynamo.exc import TorchRuntimeError
-
-                raise TorchRuntimeError(f"{op_name}: {type(error).__name__}: {error}") from error
+            except CondError as error:  # as the same call raises it eagerly
+                raise compile_time_error(type(error), str(error)) from None
             shared = self._merge_lifted_inputs(speculated, operand_vts)
             graph_nodes = []
             for j, (_, _, graph, _, modules) in enumerate(speculated):
@@ -150,7 +216,13 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
             graph = tx.output.graph
             last = next(iter(reversed(graph.nodes)))
             result = hop._call_function_and_unflatten_output(
-                tx, self.value, proxy_args, {}, None, speculated[0][1], speculated[0][0]
+                tx,
+                self.value,
+                proxy_args,
+                {},
+                None,
+                speculated[0][1],
+                _made_inside(speculated[0][0], speculated[0][2]),
             )
             node = last.next
             while node is not last and node.op != "root":  # the nodes just emitted

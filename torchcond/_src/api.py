@@ -15,7 +15,8 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..errors import CondArgumentError
+from .._compat.dynamo import raise_at_compile_time as _raise_compiled
+from ..errors import CondArgumentError, CondError
 from . import strategies
 from .forms import (
     INTEGER_DTYPES,
@@ -26,9 +27,10 @@ from .forms import (
     normalize_pred,
     python_scalar,
     readable_on_host,
+    switch_labels,
 )
 from .ops import cond_op, form_of, switch_op
-from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat
+from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
 from .strategies import Strategy
 
 # A branch's return type is the conditional's: the branches must agree on it.
@@ -258,24 +260,46 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
     so it stays short and reads only module-level names (an alias guard, for
     ``torch`` reached through a second module, is a Python lambda).
     """
-    if strategy != "auto":  # "select" (or a bad value): the shared path checks it all
-        return _slow(_COND, pred, (true_fn, false_fn), operands, strategy)
-    check_callables((true_fn, false_fn), ("true_fn", "false_fn"))
-    _check_operands(operands)
-    if isinstance(pred, _Tensor):
-        pred = normalize_pred(pred)
-    return cond_op(pred, true_fn, false_fn, operands)
+    try:
+        if strategy != "auto":  # "select" (or a bad value): the shared path checks it all
+            return _slow(_COND, pred, (true_fn, false_fn), operands, strategy)
+        check_callables((true_fn, false_fn), ("true_fn", "false_fn"))
+        _check_operands(operands)
+        # A Python number picks the branch; anything else is checked as eagerly
+        # (dynamo's isinstance takes a SymBool for a bool, a SymInt for an int).
+        pred = python_scalar(pred)
+        if isinstance(pred, _Tensor) or not isinstance(pred, (bool, int, float)):
+            pred = normalize_pred(pred)
+        labelled = ((true_fn, "true_fn"), (false_fn, "false_fn"))
+        return _operator_under_dynamo(cond_op, pred, labelled, operands)
+    except CondError as error:
+        _raise_compiled(type(error), error.args[0])
 
 
 def _switch_under_dynamo(index, branches, operands, strategy):
     """As ``_cond_under_dynamo``; the graph holds the clamped index, as in other modes."""
-    if strategy != "auto":
-        return _slow(_SWITCH, index, branches, operands, strategy)
-    branches = check_branch_list(branches)
-    _check_operands(operands)
-    # A SymInt is an int to dynamo's isinstance: normalize_index clamps either.
-    index = normalize_index(python_scalar(index), len(branches))
-    return switch_op(index, *branches, operands)
+    try:
+        if strategy != "auto":
+            return _slow(_SWITCH, index, branches, operands, strategy)
+        branches = check_branch_list(branches)
+        _check_operands(operands)
+        # A SymInt is an int to dynamo's isinstance: normalize_index clamps either.
+        index = normalize_index(python_scalar(index), len(branches))
+        labelled = tuple(zip(branches, switch_labels(len(branches))))
+        return _operator_under_dynamo(switch_op, index, labelled, operands)
+    except CondError as error:
+        _raise_compiled(type(error), error.args[0])
+
+
+def _operator_under_dynamo(op, selector, labelled_branches, operands, leaves_only=False, **kw):
+    """``op`` as dynamo speculates it: flat operands, each branch taking them flat
+    (``pytrees.speculated``); dynamo rebuilds the output."""
+    spec = None
+    if not _tensor_sequence(operands):  # nothing to flatten: no pytree code in the trace
+        flat, spec = pytree.tree_flatten(operands)
+        operands = tuple(flat)
+    branches = [speculated(fn, label, spec, leaves_only) for fn, label in labelled_branches]
+    return op(selector, *branches, operands, **kw)
 
 
 def _slow(form: Form, selector, branches, operands, strategy="auto", check_branches=False):
@@ -365,7 +389,9 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
         # hook reads) has it refuse writes to anything from outside it. Nothing reads
         # the node: AOTAutograd (aot_eager, inductor) drops it; only the eager backend
         # runs it, a Python `if` that gives the same values.
-        form.op(selector, *(fn for fn, _ in labelled_branches), operands, may_write=False)
+        _operator_under_dynamo(
+            form.op, selector, labelled_branches, operands, leaves_only=True, may_write=False
+        )
     return run_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
 
 
@@ -401,10 +427,14 @@ def _plain_operands(operands) -> bool:
     return True
 
 
-def _check_operands(operands) -> None:
+def _tensor_sequence(operands) -> bool:
     # isinstance, not _plain_operands' exact type test: under dynamo, ``type(o)`` is
     # reached through torch's own module and would cost an alias guard per call.
-    if type(operands) in (tuple, list) and all(isinstance(o, _Tensor) for o in operands):
+    return type(operands) in (tuple, list) and all(isinstance(o, _Tensor) for o in operands)
+
+
+def _check_operands(operands) -> None:
+    if _tensor_sequence(operands):
         return
     if not isinstance(operands, (tuple, list)):
         raise CondArgumentError(

@@ -34,6 +34,7 @@ from . import closures, draws
 from .batching import map_conditional
 from .closures import closure_free
 from .forms import Form, readable_on_host
+from .subgraph import is_symbolic_scalar, symbols_of
 from .tracing import (
     GRAD_DISABLED,
     OWN_BACKWARD,
@@ -494,9 +495,27 @@ def _drop_autograd_detaches(gm: torch.fx.GraphModule) -> None:
 
 
 def _prune_unused_inputs(graphs: Sequence[torch.fx.GraphModule]) -> list[int]:
-    """Drop inputs no graph reads; returns the kept input positions."""
+    """Drop inputs no graph reads; returns the kept input positions.
+
+    A symbolic size stays while a value in some graph has it in its shape: a graph
+    (compiled by Inductor on its own) binds its symbols from its inputs, so an input
+    ``f32[4*s0, 4]`` needs ``s0`` passed too.
+    """
     placeholders = [gm.graph.find_nodes(op="placeholder") for gm in graphs]
-    used = sorted({k for phs in placeholders for k, ph in enumerate(phs) if ph.users})
+    read = {k for phs in placeholders for k, ph in enumerate(phs) if ph.users}
+    shapes_use = set().union(
+        *(
+            symbols_of(node.meta.get("val"))
+            for gm, phs in zip(graphs, placeholders)
+            for node in gm.graph.nodes
+            if node.op != "placeholder" or phs.index(node) in read
+        )
+    )
+    used = [
+        k
+        for k, ph in enumerate(placeholders[0])
+        if k in read or (is_symbolic_scalar(ph) and symbols_of(ph.meta.get("val")) & shapes_use)
+    ]
     for gm, phs in zip(graphs, placeholders):
         for k, ph in enumerate(phs):
             if k not in used:

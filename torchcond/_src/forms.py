@@ -68,8 +68,18 @@ class Form:
         """A symbolic or tensor selector as the operator takes it, checked."""
         raise NotImplementedError
 
+    def constant_taken(self, value, n: int) -> int:
+        """The branch a Python constant selector takes; ``CondArgumentError`` for a
+        constant that is no selector (None, a string, a complex number)."""
+        return self.taken(value if self.is_constant(value) else self.normalize(value, n), n)
+
     def taken_branch(self, selector, branches: Sequence[Callable]) -> Callable:
-        return branches[self.taken(selector, len(branches))]
+        """The branch a concrete selector takes (the operator called with a Python
+        value that is no selector, such as None, raises as ``cond`` does)."""
+        n = len(branches)
+        if isinstance(selector, torch.Tensor):
+            return branches[self.taken(selector, n)]
+        return branches[self.constant_taken(selector, n)]
 
     def call_below_autograd(self, selector, branches, operands):
         """The operator again, past the Autograd key (its autograd rule already ran)."""

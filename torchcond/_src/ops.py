@@ -358,7 +358,7 @@ for _form in _FORMS.values():
     _install(_form)
 
 _compat_dynamo.install(
-    {form.op: (form.taken, form.labels) for form in _FORMS.values()}, _check_named_outputs
+    {form.op: (form.constant_taken, form.labels) for form in _FORMS.values()}, _check_named_outputs
 )
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
 _compat_inductor.install(cond_op, switch_op, in_place)

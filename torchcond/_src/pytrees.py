@@ -9,13 +9,14 @@ record those branches fill in as they run. Errors raised below it name flat posi
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 import torch
 
 from .._compat import pytree
-from ..errors import BranchMismatchError, CondArgumentError, CondError
+from .._compat.dynamo import raise_at_compile_time
+from ..errors import BranchMismatchError, CondArgumentError, CondError, UnsupportedCondError
 
 
 def describe_structure(spec: pytree.TreeSpec) -> str:
@@ -56,6 +57,9 @@ class _NoOutput:
     only) cannot hold. As a node with no children it is checked like any structure
     and comes back as ``None`` when the output is rebuilt, as in eager mode.
     """
+
+
+_Tensor = torch.Tensor  # a module-level name: dynamo reads it without an alias guard
 
 
 pytree.register_pytree_node(_NoOutput, lambda _: ([], None), lambda _values, _context: None)
@@ -119,6 +123,58 @@ class FlatBranch:
         flat, spec = flatten_output(out, f"{self.label} output")
         self.outputs.record(self.label, spec)
         return tuple(flat)
+
+
+def speculated(
+    fn: Callable, label: str, in_spec: pytree.TreeSpec | None, leaves_only: bool = False
+) -> Callable:
+    """A user branch as dynamo speculates it into a subgraph: taking flat operands
+    (the user's pytrees rebuilt) when ``in_spec`` is given.
+
+    Dynamo drops what a branch stored on an object it made (an instance of a custom
+    pytree node) once the branch is traced, and only then flattens the outputs. Such
+    an output is refused here, by name; with ``leaves_only`` (nobody reads the
+    output's structure) the leaves are returned instead. Nothing is recorded, as
+    dynamo refuses side effects in a branch.
+    """
+
+    def run(*operands):
+        if in_spec is not None:
+            operands = pytree.tree_unflatten(list(operands), in_spec)
+        out = fn(*operands)
+        if leaves_only:
+            return tuple(pytree.tree_leaves(out))
+        kind = _object_in(out)
+        if kind is not None:
+            raise_at_compile_time(
+                UnsupportedCondError,
+                f"{label} returns a {kind}: under torch.compile a branch returns tensors "
+                "in tuples, lists and dicts, not an object it creates (dynamo cannot "
+                f"return one from a conditional's branch). Return the {kind}'s tensors "
+                "and build it after the call",
+            )
+        return out
+
+    return run
+
+
+def _object_in(tree) -> str | None:
+    """The type of the first value in ``tree`` that is neither a tensor, a number, a
+    string, None, nor a tuple, list or dict of those."""
+    items: Iterable
+    if isinstance(tree, (tuple, list)):
+        items = tree
+    elif isinstance(tree, dict):
+        items = tree.values()
+    elif tree is None or isinstance(tree, (_Tensor, bool, int, float, str)):
+        return None
+    else:
+        return type(tree).__name__
+    for item in items:
+        found = _object_in(item)
+        if found is not None:
+            return found
+    return None
 
 
 def run_flat(labelled_branches, operands, run: Callable) -> object:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from .. import _compat
 from .._compat import pytree
@@ -206,6 +207,20 @@ def _copy_outputs(gm, indices, memory_format=None) -> None:
         outs[i] = copy
     output.args = (tuple(outs),)
     gm.recompile()
+
+
+def symbols_of(value) -> set:
+    """The free symbols of a SymInt (SymFloat, SymBool) or of a tensor's sizes and
+    strides; empty for anything else."""
+    if isinstance(value, torch.Tensor):
+        return set().union(*map(free_symbols, (*value.shape, *value.stride())))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return set(free_symbols(value))
+    return set()
+
+
+def is_symbolic_scalar(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def getattr_path(module: torch.nn.Module, target: str):
