@@ -183,7 +183,9 @@ def has_tangent(value) -> bool:
 
     if fwAD._current_level < 0 or not isinstance(value, torch.Tensor):
         return False
-    with disable_proxy_modes_tracing():  # a query, not part of the program
+    # A query, not part of the program. A fake tensor answers through its own mode;
+    # a real one (a constant in a fake trace) must not meet the active fake mode.
+    with disable_proxy_modes_tracing(), _fake_tensor.unset_fake_temporarily():
         return fwAD.unpack_dual(value).tangent is not None
 
 
