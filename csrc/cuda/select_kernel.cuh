@@ -89,7 +89,7 @@ struct LaunchParams {
   int64_t sel_value;       // branch of a CPU 0-d selector, read on the host
   int64_t num_branches;
   int64_t total_tiles;
-  int32_t sel_kind;        // select_plan::SelKind
+  select_plan::SelKind sel_kind;
   int32_t sel_itemsize;
   int32_t n_out;
   int32_t reserved;

@@ -52,8 +52,8 @@ class Launcher {
 
   void add(const SelectCall& call, const SelectOutput& w) {
     const int64_t num_branches = call.num_branches;
-    const select_plan::LayoutRef L = call.layout(w);
-    const int nd = L.ndim;
+    const select_plan::LayoutRef layout = call.layout(w);
+    const int nd = layout.ndim;
     TORCH_CHECK(
         pool_words(nd, 1) <= kPoolWords, "torchcond::select (CUDA): output ", w.index, " has ", nd,
         " dimensions after merging contiguous ones; at most ", (kPoolWords - 1) / 3, " are supported");
@@ -64,14 +64,14 @@ class Launcher {
     d.numel = numel;
     d.ndim = nd;
     d.itemsize = static_cast<int32_t>(isz);
-    d.line_len = L.line_len();
+    d.line_len = layout.line_len();
     uintptr_t addresses = reinterpret_cast<uintptr_t>(d.out);
     for (int64_t b = 0; b < num_branches; ++b) {
       addresses |= reinterpret_cast<uintptr_t>(call.value(b, w).const_data_ptr());
     }
     d.unit = element_unit(isz, addresses);
     int64_t n_tiles;
-    if (L.selector_constant_per_line() && d.line_len * isz >= kLineModeMinBytes) {
+    if (layout.selector_constant_per_line() && d.line_len * isz >= kLineModeMinBytes) {
       d.mode = kLineMode;
       d.tile_elems = kTileBytes / isz;
       d.tiles_per_line = (d.line_len + d.tile_elems - 1) / d.tile_elems;
@@ -97,12 +97,12 @@ class Launcher {
       slot.tile_begin = params_.total_tiles;
       params_.total_tiles += n_tiles;
       int64_t* pool = params_.pool + pool_used_;
-      for (int k = 0; k < nd; ++k) pool[k] = L.sizes()[k];
-      for (int k = 0; k < nd; ++k) pool[nd + k] = L.sel_strides()[k];
+      for (int k = 0; k < nd; ++k) pool[k] = layout.sizes()[k];
+      for (int k = 0; k < nd; ++k) pool[nd + k] = layout.sel_strides()[k];
       int64_t* q = pool + 2 * nd;
       for (int64_t b = lo; b < hi; ++b) {
         *q++ = static_cast<int64_t>(reinterpret_cast<uintptr_t>(call.value(b, w).const_data_ptr()));
-        for (int k = 0; k < nd; ++k) *q++ = L.branch_strides(b)[k];
+        for (int k = 0; k < nd; ++k) *q++ = layout.branch_strides(b)[k];
       }
       pool_used_ += words;
     }
