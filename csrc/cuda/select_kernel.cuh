@@ -33,16 +33,18 @@
 //     selector once and copies the segment from the chosen branch only.
 //   * vector: the selector has one entry per element, and the output, the selector
 //     and both branches (select, or select_n over two cases) are one contiguous run.
-//     Each thread loads kInFlight 16-byte vectors of both branches and their
-//     selector entries at once, blends per element and stores whole vectors: every
-//     DRAM sector of both branches is read anyway when the selector changes from
-//     element to element, as torch.where reads them.
+//     Each thread loads two 16-byte vectors of both branches and their selector
+//     bytes at once (no load waits for the selector), blends words with byte masks
+//     and stores whole vectors: every DRAM sector of both branches is read anyway
+//     when the selector changes from element to element, as torch.where reads them.
 //   * element: everything else (strided or broadcast values with a per-element
-//     selector, select_n over three or more branches, misaligned views). Each thread
-//     reads the selector of kInFlight elements, then loads each from its branch.
-// Every plan keeps kInFlight independent loads per thread in flight before the first
-// store: the compiler cannot move a load above a store itself (it does not know that
-// the branches and the output do not overlap), so the code loads, then stores.
+//     selector, select_n over three or more branches, items at unaligned addresses).
+//     Each thread reads the selector of kInFlight elements, then loads each from the
+//     branch it picks (only that branch is read).
+// Every plan issues all of a thread's loads of a round before its first store: the
+// compiler cannot move a load above a store itself (it does not know that the
+// branches and the output do not overlap), so the code loads, then stores.
+// Tiles are 16 KB of output, 8 KB in calls too small for two waves of blocks.
 // All offsets are int64: outputs with more than 2^31 elements are fine.
 //
 // Host emulation: with TORCHCOND_CUDA_EMULATION defined (test/csrc/cuda_emulation.h)
@@ -540,7 +542,7 @@ __device__ __forceinline__ void blend(Vector& taken, const Vector& other, const 
 }
 
 // Vector plan: kCount items of Item per vector (16 bytes, or one item), two branches,
-// all contiguous. A thread loads kVectorsInFlight vectors of each branch (and their
+// all contiguous. A thread loads kLoads vectors of each branch (and their
 // selector bytes, in one load each where aligned) before it waits for any, then
 // blends and stores. The elements after the last whole vector are done one per
 // thread by the last tile. kSelVector: the selector bytes of a vector are one load
@@ -550,17 +552,20 @@ __device__ __forceinline__ void vector_tile(const LaunchParams& p, const OutputD
   using Vector = typename ItemOf<static_cast<int>(sizeof(Item)) * kCount>::type;  // uint4, or Item
   constexpr int64_t kVectorBytes = sizeof(Vector);
   constexpr int kItemBytes = sizeof(Item);
+  // Vectors of one item below 16 bytes (values not aligned to 16): as many loads in
+  // flight as the other plans, rather than as many bytes.
+  constexpr int kLoads = kVectorBytes < 16 ? kInFlight : kVectorsInFlight;
   const char* first_branch = entry_base(branch_entry(p, d, 0));
   const char* second_branch = entry_base(branch_entry(p, d, 1));
   const int64_t vectors = d.numel / kCount;
   const int64_t begin = local * d.tile_size;
   const int64_t end = min(begin + d.tile_size, vectors);
 TORCHCOND_ROLLED
-  for (int64_t first = begin + threadIdx.x; first < end; first += kVectorsInFlight * kThreads) {
-    SelectorMasks<kCount> masks[kVectorsInFlight] = {};
-    Vector taken[kVectorsInFlight] = {}, other[kVectorsInFlight] = {};
+  for (int64_t first = begin + threadIdx.x; first < end; first += kLoads * kThreads) {
+    SelectorMasks<kCount> masks[kLoads] = {};
+    Vector taken[kLoads] = {}, other[kLoads] = {};
 TORCHCOND_UNROLL
-    for (int k = 0; k < kVectorsInFlight; ++k) {
+    for (int k = 0; k < kLoads; ++k) {
       const int64_t vector = first + k * kThreads;
       if (vector >= end) continue;
       if (kSelVector) masks[k] = masks_of_bytes<kCount>(p.sel + vector * kCount);
@@ -568,7 +573,7 @@ TORCHCOND_UNROLL
       other[k] = load<Vector>(second_branch + vector * kVectorBytes);
     }
 TORCHCOND_UNROLL
-    for (int k = 0; k < kVectorsInFlight; ++k) {
+    for (int k = 0; k < kLoads; ++k) {
       const int64_t vector = first + k * kThreads;
       if (vector >= end) continue;
       if (kSelVector) {
