@@ -1033,6 +1033,17 @@ def test_emulated_element_plan(dtype):
     assert check_select(pred_rows, [t], [f])[0].mode == expected
 
 
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+def test_emulated_element_plan_index_dtypes(index_dtype):
+    # three branches, one index per element, out-of-range values of every index dtype
+    n = 1500
+    raw = torch.randint(-3, 7, (n,), generator=torch.Generator().manual_seed(6))
+    if not index_dtype.is_signed:
+        raw = raw.abs() + (raw < 0) * 200
+    cases = [[rand((n,), torch.float16, seed=k)] for k in range(3)]
+    assert check_select_n(raw.to(index_dtype), cases)[0].mode == ELEMENT
+
+
 def test_emulated_element_plan_unaligned_items():
     # float64 at an address that is a multiple of 4 only: accesses of 4 bytes
     buf = bytearray(8 * 2001)
