@@ -67,7 +67,7 @@ std::string describe(const at::Tensor& t) {
       t.device().str();
 }
 
-int32_t selector_kind(c10::ScalarType t, bool is_bool_select, const char* op, const char* name) {
+select_plan::SelKind selector_kind(c10::ScalarType t, bool is_bool_select, const char* op, const char* name) {
   using namespace select_plan;
   if (is_bool_select) {
     TORCH_CHECK_TYPE(
@@ -88,7 +88,7 @@ int32_t selector_kind(c10::ScalarType t, bool is_bool_select, const char* op, co
           false, op, ": ", name, ": expected an integer dtype, found ", dtype_str(t),
           " (int8/16/32/64 and uint8/16/32/64 are accepted)");
   }
-  return 0;
+  return kSelBool;
 }
 
 void check_strided(const at::Tensor& t, const char* op, const std::string& label) {
@@ -101,7 +101,7 @@ void check_strided(const at::Tensor& t, const char* op, const std::string& label
 // kind. `branches[k][i]` is branch k's value for output i; `is_bool_select`: select
 // (bool pred; branch 0 is true_values, branch 1 false_values) rather than select_n
 // (integer index).
-int32_t check_branches(
+select_plan::SelKind check_branches(
     const at::Tensor& selector,
     const std::vector<at::TensorList>& branches,
     bool is_bool_select) {
@@ -115,7 +115,7 @@ int32_t check_branches(
   };
   const char* first = is_bool_select ? "true_values" : "cases[0]";
 
-  const int32_t kind = selector_kind(selector.scalar_type(), is_bool_select, op, sel_name);
+  const select_plan::SelKind kind = selector_kind(selector.scalar_type(), is_bool_select, op, sel_name);
   check_strided(selector, op, sel_name);
   const int64_t sel_dim = selector.dim();
   const c10::SymIntArrayRef sel_sizes = selector.sym_sizes();
@@ -178,7 +178,8 @@ void check_pairs(at::TensorList true_values, at::TensorList false_values) {
 }
 
 // Allocates the outputs and plans each non-empty one; the arguments are checked.
-SelectCall plan_select(const at::Tensor& selector, std::vector<at::TensorList> branches, int32_t sel_kind) {
+SelectCall plan_select(
+    const at::Tensor& selector, std::vector<at::TensorList> branches, select_plan::SelKind sel_kind) {
   const int64_t num_branches = static_cast<int64_t>(branches.size());
   const int64_t n_out = static_cast<int64_t>(branches[0].size());
   SelectCall call;
@@ -205,7 +206,7 @@ SelectCall plan_select(const at::Tensor& selector, std::vector<at::TensorList> b
     w.out = std::move(out);
     w.itemsize = static_cast<int64_t>(ref.element_size());
     w.layout = call.arena.size();
-    w.R = rank > 0 ? static_cast<int>(rank) : 1;
+    w.array_len = rank > 0 ? static_cast<int>(rank) : 1;
     w.ndim = select_plan::coalesce_into(
         call.arena, static_cast<int>(rank), sizes.data(), static_cast<int>(sel_dim), sel_strides.data(),
         num_branches, [&](int64_t k) { return branches[k][i].strides().data(); });
@@ -230,14 +231,14 @@ void check_select_n(const at::Tensor& index, at::TensorList cases, int64_t num_b
 SelectCall prepare_select_bool(const at::Tensor& pred, at::TensorList true_values, at::TensorList false_values) {
   check_pairs(true_values, false_values);
   std::vector<at::TensorList> branches{true_values, false_values};
-  const int32_t kind = check_branches(pred, branches, /*is_bool_select=*/true);
+  const select_plan::SelKind kind = check_branches(pred, branches, /*is_bool_select=*/true);
   return plan_select(pred, std::move(branches), kind);
 }
 
 SelectCall prepare_select_n(const at::Tensor& index, at::TensorList cases, int64_t num_branches) {
   check_num_branches(cases, num_branches);
   std::vector<at::TensorList> branches = split_cases(cases, num_branches);
-  const int32_t kind = check_branches(index, branches, /*is_bool_select=*/false);
+  const select_plan::SelKind kind = check_branches(index, branches, /*is_bool_select=*/false);
   return plan_select(index, std::move(branches), kind);
 }
 

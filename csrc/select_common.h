@@ -20,13 +20,13 @@ struct SelectOutput {
   at::Tensor out;                           // fresh, contiguous
   size_t layout;                            // offset of its layout in SelectCall::arena
   int ndim;                                 // coalesced rank
-  int R;                                    // stride of the layout's arrays
+  int array_len;                            // length of each of the layout's arrays
   int64_t itemsize;
 };
 
 struct SelectCall {
   at::Tensor selector;
-  int32_t sel_kind;                         // select_plan::SelKind
+  select_plan::SelKind sel_kind = select_plan::kSelBool;
   int64_t num_branches;
   std::vector<at::TensorList> branches;     // branches[k][i]: branch k's value for output i
   std::vector<at::Tensor> outputs;          // every output, empty ones included
@@ -35,7 +35,7 @@ struct SelectCall {
 
   const at::Tensor& value(int64_t k, const SelectOutput& w) const { return branches[k][w.index]; }
   select_plan::LayoutRef layout(const SelectOutput& w) const {
-    return select_plan::LayoutRef{arena.data() + w.layout, w.ndim, w.R};
+    return select_plan::LayoutRef{arena.data() + w.layout, w.ndim, w.array_len};
   }
 };
 

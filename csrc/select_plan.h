@@ -52,7 +52,7 @@ TORCHCOND_HD int64_t clamp_branch_unsigned(uint64_t v, int64_t num_branches) {
   return v >= static_cast<uint64_t>(num_branches) ? num_branches - 1 : static_cast<int64_t>(v);
 }
 
-TORCHCOND_HD int64_t read_branch(int32_t kind, const void* p, int64_t num_branches) {
+TORCHCOND_HD int64_t read_branch(SelKind kind, const void* p, int64_t num_branches) {
   switch (kind) {
     case kSelBool:
       return *static_cast<const uint8_t*>(p) != 0 ? 0 : 1;
@@ -77,19 +77,19 @@ TORCHCOND_HD int64_t read_branch(int32_t kind, const void* p, int64_t num_branch
 
 #ifndef __CUDACC_RTC__
 // Coalesced layout of one output, stored in a per-call arena of int64 words:
-//   [sizes: R][selector strides: R][branch 0 strides: R] ... [branch nb-1 strides: R]
-// with R = max(rank, 1); the first ndim entries of each array are used (ndim <= R).
-// Strides are in elements of the operand's own dtype.
+//   [sizes][selector strides][branch 0 strides] ... [branch num_branches-1 strides]
+// each array array_len = max(rank, 1) words long; the first ndim entries of each are
+// used (ndim <= array_len). Strides are in elements of the operand's own dtype.
 struct LayoutRef {
   const int64_t* base;
   int ndim;
-  int R;
+  int array_len;
   const int64_t* sizes() const { return base; }
-  const int64_t* sel_strides() const { return base + R; }
-  const int64_t* branch_strides(int64_t b) const { return base + (2 + b) * R; }
+  const int64_t* sel_strides() const { return base + array_len; }
+  const int64_t* branch_strides(int64_t branch) const { return base + (2 + branch) * array_len; }
   int64_t line_len() const { return base[ndim - 1]; }
   // The selector is constant along a line: each line is one run of one branch.
-  bool selector_constant_per_line() const { return base[R + ndim - 1] == 0; }
+  bool selector_constant_per_line() const { return base[array_len + ndim - 1] == 0; }
 };
 
 // Appends one output's coalesced layout to `arena` and returns its ndim. `sizes`:
@@ -98,50 +98,52 @@ struct LayoutRef {
 // trailing dims with stride 0). `branch_strides(b)`: branch b's rank strides.
 template <typename BranchStrides>
 int coalesce_into(std::vector<int64_t>& arena, int rank, const int64_t* sizes, int sel_dim,
-                  const int64_t* sel_strides, int64_t nb, BranchStrides branch_strides) {
-  const int R = rank > 0 ? rank : 1;
+                  const int64_t* sel_strides, int64_t num_branches, BranchStrides branch_strides) {
+  const int array_len = rank > 0 ? rank : 1;
   const size_t at = arena.size();
-  arena.resize(at + static_cast<size_t>((2 + nb) * R), 0);
-  int64_t* out = arena.data() + at;
-  int64_t* o_size = out;
-  int64_t* o_sel = out + R;
-  auto o_br = [&](int64_t b) { return out + (2 + b) * R; };
+  arena.resize(at + static_cast<size_t>((2 + num_branches) * array_len), 0);
+  int64_t* layout = arena.data() + at;
+  int64_t* out_sizes = layout;
+  int64_t* out_sel = layout + array_len;
+  auto out_branch = [&](int64_t branch) { return layout + (2 + branch) * array_len; };
   auto sel_at = [&](int d) { return d < sel_dim ? sel_strides[d] : int64_t(0); };
   // Groups are built innermost first (reversed), then flipped.
-  int n = 0;
+  int groups = 0;
   for (int d = rank - 1; d >= 0; --d) {
     if (sizes[d] == 1) continue;  // size-1 dims carry no offset
-    if (n > 0) {
-      const int64_t gsize = o_size[n - 1];
-      bool merge = sel_at(d) == o_sel[n - 1] * gsize;
-      for (int64_t b = 0; merge && b < nb; ++b) merge = branch_strides(b)[d] == o_br(b)[n - 1] * gsize;
+    if (groups > 0) {
+      const int64_t group_size = out_sizes[groups - 1];
+      bool merge = sel_at(d) == out_sel[groups - 1] * group_size;
+      for (int64_t b = 0; merge && b < num_branches; ++b) {
+        merge = branch_strides(b)[d] == out_branch(b)[groups - 1] * group_size;
+      }
       if (merge) {
-        o_size[n - 1] = gsize * sizes[d];
+        out_sizes[groups - 1] = group_size * sizes[d];
         continue;
       }
     }
-    o_size[n] = sizes[d];
-    o_sel[n] = sel_at(d);
-    for (int64_t b = 0; b < nb; ++b) o_br(b)[n] = branch_strides(b)[d];
-    ++n;
+    out_sizes[groups] = sizes[d];
+    out_sel[groups] = sel_at(d);
+    for (int64_t b = 0; b < num_branches; ++b) out_branch(b)[groups] = branch_strides(b)[d];
+    ++groups;
   }
-  if (n == 0) {  // a single element (rank 0, or all sizes 1)
-    o_size[0] = 1;
-    o_sel[0] = 0;
-    for (int64_t b = 0; b < nb; ++b) o_br(b)[0] = 0;
-    n = 1;
+  if (groups == 0) {  // a single element (rank 0, or all sizes 1)
+    out_sizes[0] = 1;
+    out_sel[0] = 0;
+    for (int64_t b = 0; b < num_branches; ++b) out_branch(b)[0] = 0;
+    groups = 1;
   }
-  auto flip = [n](int64_t* a) {
-    for (int i = 0, j = n - 1; i < j; ++i, --j) {
-      const int64_t t = a[i];
-      a[i] = a[j];
-      a[j] = t;
+  auto flip = [groups](int64_t* array) {
+    for (int i = 0, j = groups - 1; i < j; ++i, --j) {
+      const int64_t held = array[i];
+      array[i] = array[j];
+      array[j] = held;
     }
   };
-  flip(o_size);
-  flip(o_sel);
-  for (int64_t b = 0; b < nb; ++b) flip(o_br(b));
-  return n;
+  flip(out_sizes);
+  flip(out_sel);
+  for (int64_t b = 0; b < num_branches; ++b) flip(out_branch(b));
+  return groups;
 }
 #endif  // __CUDACC_RTC__
 

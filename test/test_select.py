@@ -107,15 +107,37 @@ def assert_same(outs, refs):
         assert torch.equal(as_bytes(o), as_bytes(r))
 
 
+# The CUDA kernel's plans (select_kernel.cuh's Mode), as the emulation reports them.
+LINE, ELEMENT, ROWS, VECTOR = 0, 1, 2, 3
+
+
+class Plan:
+    """One output descriptor of an emulated launch (test/csrc/select_cuda_emulation.cpp)."""
+
+    def __init__(self, row):
+        self.mode, self.access, self.tile_size, self.sel_vector, self.grid = (int(v) for v in row)
+
+    def __repr__(self):
+        return f"Plan(mode={self.mode}, access={self.access}, tile_size={self.tile_size}, sel_vector={self.sel_vector}, grid={self.grid})"
+
+
+def emulate(selector, cases, is_bool, sm_count=2):
+    """The CUDA path run on the CPU: (outputs, launches, plans of every descriptor)."""
+    flat = [v for c in cases for v in c]
+    *outs, launches, plans = emulation_ops().select_cuda_emulated(
+        selector, flat, len(cases), is_bool, sm_count
+    )
+    return outs, int(launches), [Plan(row) for row in plans.tolist()]
+
+
 def emulated_select(pred, ts, fs):
-    *outs, launches = emulation_ops().select_cuda_emulated(pred, list(ts) + list(fs), 2, True)
-    return outs, int(launches)
+    outs, launches, _ = emulate(pred, [ts, fs], True)
+    return outs, launches
 
 
 def emulated_select_n(index, cases):
-    flat = [v for c in cases for v in c]
-    *outs, launches = emulation_ops().select_cuda_emulated(index, flat, len(cases), False)
-    return outs, int(launches)
+    outs, launches, _ = emulate(index, cases, False)
+    return outs, launches
 
 
 # --- correctness -------------------------------------------------------------------------
@@ -846,6 +868,222 @@ def test_emulated_cuda_kernel_misaligned_and_zero_size():
     assert_same(outs, ref_select(pred, [t, f[:, 1:]], [f, t[:, :-1]]))
     outs, launches = emulated_select(pred, [torch.ones(3, 0)], [torch.zeros(3, 0)])
     assert launches == 0 and outs[0].shape == (3, 0)
+
+
+# --- the CUDA kernel's plans, emulated on the CPU ----------------------------------------
+# select_kernel.cuh picks one plan per output (rows, line, vector, element); each test
+# checks that the case reaches the plan it is about (the emulation reports the plans),
+# then that the result equals torch.where and the CPU kernel bit for bit.
+
+
+def itemsize(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def shifted(t, elements=1):
+    """A copy of ``t`` that starts ``elements`` items into a fresh buffer (its address is
+    aligned to the itemsize only, when the itemsize is below 16)."""
+    flat = torch.empty(t.numel() + elements, dtype=t.dtype)
+    view = flat[elements:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def check_select(pred, ts, fs, sm_count=2):
+    """Emulated select against torch.where and the CPU kernel; returns the plans."""
+    outs, _, plans = emulate(pred, [ts, fs], True, sm_count)
+    refs = ref_select(pred, ts, fs)
+    assert_same(outs, refs)
+    assert_same(select(pred, ts, fs), refs)
+    return plans
+
+
+def check_select_n(index, cases, sm_count=2):
+    outs, _, plans = emulate(index, cases, False, sm_count)
+    refs = ref_select_n(index, cases)
+    assert_same(outs, refs)
+    assert_same(select_n(index, cases), refs)
+    return plans
+
+
+def tile_bytes(total_bytes, sm_count=2):
+    """Output bytes per tile of a call writing ``total_bytes`` (select_kernel.cuh's
+    tile_bytes_for with one block per emulated multiprocessor): 16 KB, or 8 KB when that
+    gives fewer tiles than two waves of blocks."""
+    return 16384 if total_bytes >= 2 * sm_count * 16384 else 8192
+
+
+def alignment_of(nbytes):
+    """The largest power of two up to 16 dividing ``nbytes``."""
+    return next(a for a in (16, 8, 4, 2, 1) if nbytes % a == 0)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("row_bytes", [32, 48, 1024, 4096, 16384])
+def test_emulated_rows_plan(dtype, row_bytes):
+    # one selector entry per row, rows short enough that a tile holds whole rows
+    cols = row_bytes // itemsize(dtype)
+    rows = max(3, min(200, 65536 // row_bytes))
+    t, f = rand((rows, cols), dtype, seed=1), rand((rows, cols), dtype, seed=2)
+    pred = rand((rows,), torch.bool, seed=3)
+    (plan,) = check_select(pred, [t], [f])
+    assert (plan.mode, plan.access) == (ROWS, alignment_of(row_bytes))
+    assert plan.tile_size == tile_bytes(t.numel() * t.element_size()) // row_bytes  # rows per tile
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.bool, torch.float16, torch.float32, torch.complex128], ids=str
+)
+def test_emulated_rows_plan_odd_rows_and_prefix_shapes(dtype):
+    size = itemsize(dtype)
+    # rows of an odd number of items: narrower accesses, same result
+    t, f = rand((50, 37), dtype, seed=1), rand((50, 37), dtype, seed=2)
+    pred = rand((50,), torch.bool, seed=3)
+    (plan,) = check_select(pred, [t], [f])
+    assert (plan.mode, plan.access) == (ROWS, alignment_of(37 * size))
+    # a two-dim prefix selector over three-dim values; a branch expanded along the rows
+    t3, f3 = rand((4, 6, 9), dtype, seed=4), rand((9,), dtype, seed=5).expand(4, 6, 9)
+    pred2 = rand((4, 6), torch.bool, seed=6)
+    assert check_select(pred2, [t3], [f3])[0].mode == ROWS
+    # a non-contiguous prefix selector: three coalesced dims, so lines' offsets need div/mod
+    pred3 = rand((4, 12), torch.bool, seed=7)[:, ::2]
+    assert check_select(pred3, [t3], [f3])[0].mode == ROWS
+    # branches misaligned against each other: the access shrinks to what all allow
+    t_shift, f_base = shifted(t, 1), rand((50, 37), dtype, seed=8)
+    (plan,) = check_select(pred, [t_shift], [f_base])
+    assert (plan.mode, plan.access) == (ROWS, alignment_of(size))
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_emulated_line_plan(dtype):
+    size = itemsize(dtype)
+    # rows longer than a tile: segments of one line each, the last one partial
+    cols = 20000 // size
+    t, f = rand((3, cols), dtype, seed=1), rand((3, cols), dtype, seed=2)
+    pred = torch.tensor([True, False, True])
+    (plan,) = check_select(pred, [t], [f])
+    assert plan.mode == LINE
+    # a 0-d selector read from (device) memory: a stride-0 selector has its layout
+    # (a CPU 0-d selector is read on the host instead)
+    n = 40000 // size
+    flat_t, flat_f = rand((n,), dtype, seed=3), rand((n,), dtype, seed=4)
+    for value in (True, False):
+        assert check_select(torch.tensor(value).expand(n), [flat_t], [flat_f])[0].mode == LINE
+        assert check_select(torch.tensor(value).expand(3), [t], [f])[0].mode == LINE
+    # and misaligned by one item against the output
+    assert check_select(pred, [shifted(t)], [f])[0].mode == LINE
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "layout", ["aligned", "values shifted", "selector shifted", "shorter than a vector"]
+)
+def test_emulated_vector_plan(dtype, layout):
+    size = itemsize(dtype)
+    n = 3 if layout == "shorter than a vector" else (40000 // size) | 1  # a partial last vector
+    t, f = rand((n,), dtype, seed=1), rand((n,), dtype, seed=2)
+    pred = rand((n,), torch.bool, seed=3)
+    if layout == "values shifted":
+        t = shifted(t)
+    if layout == "selector shifted":
+        pred = shifted(pred)
+    (plan,) = check_select(pred, [t], [f])
+    vector_bytes = size if layout == "values shifted" else 16
+    per_vector = vector_bytes // size
+    assert (plan.mode, plan.access) == (VECTOR, vector_bytes)
+    assert plan.sel_vector == (layout != "selector shifted" or per_vector == 1)
+    if n >= 5:  # shaped like the values, two dims: coalesced into one
+        m = n - n % 5
+        t2, f2, pred2 = t[:m].view(5, -1), f[:m].view(5, -1), pred[:m].view(5, -1)
+        assert check_select(pred2, [t2], [f2])[0].mode == VECTOR
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.complex128], ids=str)
+def test_emulated_vector_plan_index_dtypes(index_dtype, dtype):
+    # select_n over two cases, one index per element, out-of-range values included
+    n = 2051
+    g = torch.Generator().manual_seed(5)
+    raw = torch.randint(-3, 6, (n,), generator=g)
+    if not index_dtype.is_signed:
+        raw = raw.abs() + (raw < 0) * 250  # 0..5 and values far above the range
+    index = raw.to(index_dtype)
+    cases = [[rand((n,), dtype, seed=1)], [rand((n,), dtype, seed=2)]]
+    (plan,) = check_select_n(index, cases)
+    assert plan.mode == VECTOR
+    assert plan.sel_vector == (itemsize(index_dtype) == 1)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_emulated_element_plan(dtype):
+    # select_n over three branches with one index per element: only the picked branch
+    # is read
+    n = 3001
+    cases = [[rand((n,), dtype, seed=k)] for k in range(3)]
+    index = torch.randint(-1, 4, (n,), generator=torch.Generator().manual_seed(4))
+    assert check_select_n(index, cases)[0].mode == ELEMENT
+    # non-contiguous values with a per-element selector
+    t = rand((40, 30), dtype, seed=5).T
+    f = rand((30, 80), dtype, seed=6)[:, ::2]
+    pred = rand((30, 40), torch.bool, seed=7)
+    assert check_select(pred, [t], [f])[0].mode == ELEMENT
+    # strided rows with one selector entry per row: the line plan from 512 bytes on
+    pred_rows = rand((30,), torch.bool, seed=8)
+    expected = LINE if 40 * itemsize(dtype) >= 512 else ELEMENT
+    assert check_select(pred_rows, [t], [f])[0].mode == expected
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+def test_emulated_element_plan_index_dtypes(index_dtype):
+    # three branches, one index per element, out-of-range values of every index dtype
+    n = 1500
+    raw = torch.randint(-3, 7, (n,), generator=torch.Generator().manual_seed(6))
+    if not index_dtype.is_signed:
+        raw = raw.abs() + (raw < 0) * 200
+    cases = [[rand((n,), torch.float16, seed=k)] for k in range(3)]
+    assert check_select_n(raw.to(index_dtype), cases)[0].mode == ELEMENT
+
+
+def test_emulated_element_plan_unaligned_items():
+    # float64 at an address that is a multiple of 4 only: accesses of 4 bytes
+    buf = bytearray(8 * 2001)
+    t = torch.frombuffer(buf, dtype=torch.float64, offset=4, count=2000)
+    t.copy_(torch.arange(2000.0, dtype=torch.float64))
+    f = rand((2000,), torch.float64, seed=1)
+    pred = rand((2000,), torch.bool, seed=2)
+    assert check_select(pred, [t], [f])[0].mode == ELEMENT
+    # the same rows with one selector entry per row: rows of 4-byte accesses
+    rows_pred = rand((40,), torch.bool, seed=3)
+    (plan,) = check_select(rows_pred, [t.view(40, 50)], [f.view(40, 50)])
+    assert (plan.mode, plan.access) == (ROWS, 4)
+
+
+def test_emulated_rows_plan_branch_windows():
+    # 100 branches at rank 2 do not fit one pool: two windows, two launches, rows plan
+    nb = 100
+    cases = [[rand((6, 40), seed=k)] for k in range(nb)]
+    index = torch.tensor([-3, 0, 57, 99, 250, 83])
+    outs, launches, plans = emulate(index, cases, False)
+    assert launches == 2 and [p.mode for p in plans] == [ROWS, ROWS]
+    assert_same(outs, ref_select_n(index, cases))
+
+
+def test_emulated_grid_and_tiles_on_a_larger_device():
+    # 16 emulated multiprocessors: a call of 256 KB has fewer 16 KB tiles than two waves
+    # of blocks, so tiles shrink to 8 KB, and each tile gets its own block
+    pred = rand((256,), torch.bool, seed=1)
+    t, f = rand((256, 256), seed=2), rand((256, 256), seed=3)
+    (plan,) = check_select(pred, [t], [f], sm_count=16)
+    assert (plan.mode, plan.tile_size, plan.grid) == (ROWS, 8, 32)
+    # a call of 2 MB keeps 16 KB tiles and a grid of four waves; blocks take several tiles
+    ts = [rand((256, 256), seed=10 + i) for i in range(8)]
+    fs = [rand((256, 256), seed=20 + i) for i in range(8)]
+    plans = check_select(pred, ts, fs, sm_count=16)
+    assert all((p.tile_size, p.grid) == (16, 64) for p in plans)
+    # per element, the same sizing
+    flat_pred = rand((65536,), torch.bool, seed=4)
+    (plan,) = check_select(flat_pred, [t.view(-1)], [f.view(-1)], sm_count=16)
+    assert (plan.mode, plan.tile_size, plan.grid) == (VECTOR, 512, 32)  # 512 vectors of 16 bytes
 
 
 # --- more than 2^31 elements ----------------------------------------------------------------

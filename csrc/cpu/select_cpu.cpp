@@ -47,8 +47,8 @@ struct CpuOutput {
   int ndim;
   const int64_t* sizes;          // coalesced layout (select_plan::LayoutRef), strides in elements
   const int64_t* sel_strides;
-  const int64_t* branch_strides; // branch b's strides at branch_strides + b * R
-  int R;
+  const int64_t* branch_strides; // branch b's strides at branch_strides + b * array_len
+  int array_len;
   const char* const* ptrs;       // data pointer of each branch's value
   bool sel_const_per_line;
 };
@@ -120,7 +120,7 @@ inline void copy_run(char* dst, const char* src, int64_t n, int64_t src_stride, 
 
 // Branch numbers of n selector elements (stride in bytes).
 template <typename T>
-inline void branches_of(int32_t* out, const char* sel, int64_t stride, int64_t n, int64_t nb, bool is_bool) {
+inline void branches_of(int32_t* out, const char* sel, int64_t stride, int64_t n, int64_t num_branches, bool is_bool) {
   if (is_bool) {
     for (int64_t j = 0; j < n; ++j) out[j] = *reinterpret_cast<const uint8_t*>(sel + j * stride) != 0 ? 0 : 1;
     return;
@@ -129,25 +129,28 @@ inline void branches_of(int32_t* out, const char* sel, int64_t stride, int64_t n
     T v;
     std::memcpy(&v, sel + j * stride, sizeof(T));
     if constexpr (std::is_signed_v<T>) {
-      out[j] = static_cast<int32_t>(v < 0 ? 0 : (static_cast<int64_t>(v) >= nb ? nb - 1 : static_cast<int64_t>(v)));
+      const int64_t value = static_cast<int64_t>(v);
+      out[j] = static_cast<int32_t>(v < 0 ? 0 : (value >= num_branches ? num_branches - 1 : value));
     } else {
-      out[j] = static_cast<int32_t>(static_cast<uint64_t>(v) >= static_cast<uint64_t>(nb) ? nb - 1 : static_cast<int64_t>(v));
+      const bool above = static_cast<uint64_t>(v) >= static_cast<uint64_t>(num_branches);
+      out[j] = static_cast<int32_t>(above ? num_branches - 1 : static_cast<int64_t>(v));
     }
   }
 }
 
-inline void branches_of_kind(int32_t kind, int32_t* out, const char* sel, int64_t stride, int64_t n, int64_t nb) {
+inline void branches_of_kind(
+    select_plan::SelKind kind, int32_t* out, const char* sel, int64_t stride, int64_t n, int64_t num_branches) {
   using namespace select_plan;
   switch (kind) {
-    case kSelBool: branches_of<uint8_t>(out, sel, stride, n, nb, true); break;
-    case kSelU8: branches_of<uint8_t>(out, sel, stride, n, nb, false); break;
-    case kSelI8: branches_of<int8_t>(out, sel, stride, n, nb, false); break;
-    case kSelI16: branches_of<int16_t>(out, sel, stride, n, nb, false); break;
-    case kSelU16: branches_of<uint16_t>(out, sel, stride, n, nb, false); break;
-    case kSelI32: branches_of<int32_t>(out, sel, stride, n, nb, false); break;
-    case kSelU32: branches_of<uint32_t>(out, sel, stride, n, nb, false); break;
-    case kSelI64: branches_of<int64_t>(out, sel, stride, n, nb, false); break;
-    default: branches_of<uint64_t>(out, sel, stride, n, nb, false); break;
+    case kSelBool: branches_of<uint8_t>(out, sel, stride, n, num_branches, true); break;
+    case kSelU8: branches_of<uint8_t>(out, sel, stride, n, num_branches, false); break;
+    case kSelI8: branches_of<int8_t>(out, sel, stride, n, num_branches, false); break;
+    case kSelI16: branches_of<int16_t>(out, sel, stride, n, num_branches, false); break;
+    case kSelU16: branches_of<uint16_t>(out, sel, stride, n, num_branches, false); break;
+    case kSelI32: branches_of<int32_t>(out, sel, stride, n, num_branches, false); break;
+    case kSelU32: branches_of<uint32_t>(out, sel, stride, n, num_branches, false); break;
+    case kSelI64: branches_of<int64_t>(out, sel, stride, n, num_branches, false); break;
+    default: branches_of<uint64_t>(out, sel, stride, n, num_branches, false); break;
   }
 }
 
@@ -160,65 +163,66 @@ inline void gather(char* dst, const int32_t* b, const char* const* base, const i
 constexpr int64_t kChunk = 512;  // elements per branch-number batch
 
 // Writes elements [e0, e1) of one output (row-major order of the output).
-void run_range(const CpuOutput& o, const char* sel, int64_t sel_isz, int32_t kind, int64_t nb, int64_t e0, int64_t e1,
-               bool stream) {
-  const int nd = o.ndim;
-  const int64_t L = o.sizes[nd - 1];
-  const int64_t isz = o.itemsize;
-  int64_t line = e0 / L;
-  int64_t col = e0 % L;
-  auto bstride = [&](int64_t b, int d) { return o.branch_strides[b * o.R + d] * isz; };  // bytes
-  auto sstride = [&](int d) { return o.sel_strides[d] * sel_isz; };
+void run_range(const CpuOutput& output, const char* sel, int64_t sel_itemsize, select_plan::SelKind kind,
+               int64_t num_branches, int64_t e0, int64_t e1, bool stream) {
+  const int nd = output.ndim;
+  const int64_t line_len = output.sizes[nd - 1];
+  const int64_t itemsize = output.itemsize;
+  int64_t line = e0 / line_len;
+  int64_t col = e0 % line_len;
+  auto bstride = [&](int64_t b, int d) { return output.branch_strides[b * output.array_len + d] * itemsize; };  // bytes
+  auto sstride = [&](int d) { return output.sel_strides[d] * sel_itemsize; };
 
   // Coordinates of the line over dims [0, nd-1), and every operand's byte offset there.
   c10::SmallVector<int64_t, 8> coord(std::max(nd - 1, 0), 0);
-  c10::SmallVector<int64_t, 8> boff(nb, 0);
-  c10::SmallVector<int64_t, 8> last_stride(nb);
-  c10::SmallVector<const char*, 8> base(nb);
+  c10::SmallVector<int64_t, 8> boff(num_branches, 0);
+  c10::SmallVector<int64_t, 8> last_stride(num_branches);
+  c10::SmallVector<const char*, 8> base(num_branches);
   int64_t soff = 0;
   for (int d = nd - 2; d >= 0; --d) {
-    coord[d] = line % o.sizes[d];
-    line /= o.sizes[d];
+    coord[d] = line % output.sizes[d];
+    line /= output.sizes[d];
     soff += coord[d] * sstride(d);
-    for (int64_t b = 0; b < nb; ++b) boff[b] += coord[d] * bstride(b, d);
+    for (int64_t b = 0; b < num_branches; ++b) boff[b] += coord[d] * bstride(b, d);
   }
   const int64_t s_last = sstride(nd - 1);
-  for (int64_t b = 0; b < nb; ++b) last_stride[b] = bstride(b, nd - 1);
+  for (int64_t b = 0; b < num_branches; ++b) last_stride[b] = bstride(b, nd - 1);
 
-  char* dst = o.out + e0 * isz;
+  char* dst = output.out + e0 * itemsize;
   int64_t e = e0;
   // Next line: odometer over dims [0, nd-1).
   auto advance = [&]() {
     for (int d = nd - 2; d >= 0; --d) {
       soff += sstride(d);
-      for (int64_t b = 0; b < nb; ++b) boff[b] += bstride(b, d);
-      if (++coord[d] < o.sizes[d]) break;
-      soff -= sstride(d) * o.sizes[d];
-      for (int64_t b = 0; b < nb; ++b) boff[b] -= bstride(b, d) * o.sizes[d];
+      for (int64_t b = 0; b < num_branches; ++b) boff[b] += bstride(b, d);
+      if (++coord[d] < output.sizes[d]) break;
+      soff -= sstride(d) * output.sizes[d];
+      for (int64_t b = 0; b < num_branches; ++b) boff[b] -= bstride(b, d) * output.sizes[d];
       coord[d] = 0;
     }
   };
 
-  if (o.sel_const_per_line) {
+  if (output.sel_const_per_line) {
     // One branch per line. The next line's branch is read one line ahead, so its
     // source can be prefetched while the current line is copied.
-    int64_t b = read_branch(kind, sel + soff, nb);
-    const char* src = o.ptrs[b] + boff[b] + col * last_stride[b];
+    int64_t b = read_branch(kind, sel + soff, num_branches);
+    const char* src = output.ptrs[b] + boff[b] + col * last_stride[b];
     while (e < e1) {
-      const int64_t n = std::min(L - col, e1 - e);
+      const int64_t n = std::min(line_len - col, e1 - e);
       const int64_t stride = last_stride[b];
-      const int64_t n_next = std::min(L, e1 - e - n);
+      const int64_t n_next = std::min(line_len, e1 - e - n);
       int64_t b_next = b;
       const char* src_next = nullptr;
       if (n_next > 0) {
         advance();
-        b_next = read_branch(kind, sel + soff, nb);
-        src_next = o.ptrs[b_next] + boff[b_next];
+        b_next = read_branch(kind, sel + soff, num_branches);
+        src_next = output.ptrs[b_next] + boff[b_next];
       }
-      const bool next_contig = src_next != nullptr && last_stride[b_next] == isz;
-      copy_run(dst, src, n, stride, isz, stream, next_contig ? src_next : nullptr, next_contig ? n_next * isz : 0);
+      const bool next_contig = src_next != nullptr && last_stride[b_next] == itemsize;
+      copy_run(dst, src, n, stride, itemsize, stream, next_contig ? src_next : nullptr,
+               next_contig ? n_next * itemsize : 0);
       e += n;
-      dst += n * isz;
+      dst += n * itemsize;
       b = b_next;
       src = src_next;
       col = 0;
@@ -228,25 +232,25 @@ void run_range(const CpuOutput& o, const char* sel, int64_t sel_isz, int32_t kin
 
   int32_t bidx[kChunk];
   while (e < e1) {
-    const int64_t n = std::min(L - col, e1 - e);
-    for (int64_t b = 0; b < nb; ++b) base[b] = o.ptrs[b] + boff[b] + col * last_stride[b];
+    const int64_t n = std::min(line_len - col, e1 - e);
+    for (int64_t b = 0; b < num_branches; ++b) base[b] = output.ptrs[b] + boff[b] + col * last_stride[b];
     const char* s = sel + soff + col * s_last;
     for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
       const int64_t m = std::min(kChunk, n - j0);
-      branches_of_kind(kind, bidx, s + j0 * s_last, s_last, m, nb);
-      char* d = dst + j0 * isz;
+      branches_of_kind(kind, bidx, s + j0 * s_last, s_last, m, num_branches);
+      char* d = dst + j0 * itemsize;
       const char* const* bb = base.data();  // relative to this chunk
-      switch (isz) {
+      switch (itemsize) {
         case 1: gather<1>(d, bidx, bb, last_stride.data(), m); break;
         case 2: gather<2>(d, bidx, bb, last_stride.data(), m); break;
         case 4: gather<4>(d, bidx, bb, last_stride.data(), m); break;
         case 8: gather<8>(d, bidx, bb, last_stride.data(), m); break;
         default: gather<16>(d, bidx, bb, last_stride.data(), m); break;
       }
-      for (int64_t b = 0; b < nb; ++b) base[b] += m * last_stride[b];
+      for (int64_t b = 0; b < num_branches; ++b) base[b] += m * last_stride[b];
     }
     e += n;
-    dst += n * isz;
+    dst += n * itemsize;
     col = 0;
     if (e < e1) advance();
   }
@@ -261,46 +265,48 @@ constexpr int64_t kGrainBytes = 64 * 1024;
 constexpr int64_t kStreamBytes = 16 * 1024 * 1024;
 
 std::vector<at::Tensor> run_cpu(SelectCall call) {
-  const int64_t nb = call.num_branches;
+  const int64_t num_branches = call.num_branches;
   const char* sel = static_cast<const char*>(call.selector.const_data_ptr());
-  const int64_t sel_isz = static_cast<int64_t>(call.selector.element_size());
+  const int64_t sel_itemsize = static_cast<int64_t>(call.selector.element_size());
   const size_t n_work = call.work.size();
   c10::SmallVector<CpuOutput, 16> outs(n_work);
-  c10::SmallVector<const char*, 32> ptrs(n_work * nb);
+  c10::SmallVector<const char*, 32> ptrs(n_work * num_branches);
   c10::SmallVector<int64_t, 17> prefix(n_work + 1, 0);  // byte offsets of the outputs in the concatenation
   for (size_t i = 0; i < n_work; ++i) {
     const SelectOutput& w = call.work[i];
-    const select_plan::LayoutRef L = call.layout(w);
-    CpuOutput& o = outs[i];
-    o.out = static_cast<char*>(w.out.data_ptr());
-    o.numel = w.out.numel();
-    o.itemsize = w.itemsize;
-    o.ndim = L.ndim;
-    o.R = L.R;
-    o.sizes = L.sizes();
-    o.sel_strides = L.sel_strides();
-    o.branch_strides = L.branch_strides(0);
-    for (int64_t b = 0; b < nb; ++b) ptrs[i * nb + b] = static_cast<const char*>(call.value(b, w).const_data_ptr());
-    o.ptrs = ptrs.data() + i * nb;
-    o.sel_const_per_line = L.selector_constant_per_line();
-    prefix[i + 1] = prefix[i] + o.numel * o.itemsize;
+    const select_plan::LayoutRef layout = call.layout(w);
+    CpuOutput& output = outs[i];
+    output.out = static_cast<char*>(w.out.data_ptr());
+    output.numel = w.out.numel();
+    output.itemsize = w.itemsize;
+    output.ndim = layout.ndim;
+    output.array_len = layout.array_len;
+    output.sizes = layout.sizes();
+    output.sel_strides = layout.sel_strides();
+    output.branch_strides = layout.branch_strides(0);
+    for (int64_t b = 0; b < num_branches; ++b) {
+      ptrs[i * num_branches + b] = static_cast<const char*>(call.value(b, w).const_data_ptr());
+    }
+    output.ptrs = ptrs.data() + i * num_branches;
+    output.sel_const_per_line = layout.selector_constant_per_line();
+    prefix[i + 1] = prefix[i] + output.numel * output.itemsize;
   }
   const int64_t total = prefix[n_work];
   if (total > 0) {
-    const int32_t kind = call.sel_kind;
+    const select_plan::SelKind kind = call.sel_kind;
     const bool stream = total >= kStreamBytes;
     auto body = [&](int64_t b0, int64_t b1) {
       // First output whose byte range ends after b0.
       size_t i = std::upper_bound(prefix.begin(), prefix.end(), b0) - prefix.begin() - 1;
       for (; i < n_work && prefix[i] < b1; ++i) {
-        const CpuOutput& o = outs[i];
+        const CpuOutput& output = outs[i];
         const int64_t lo = std::max(b0, prefix[i]) - prefix[i];
         const int64_t hi = std::min(b1, prefix[i + 1]) - prefix[i];
         // Thread boundaries may fall inside an element: round both ends up, which
         // partitions the elements among the threads.
-        const int64_t e0 = (lo + o.itemsize - 1) / o.itemsize;
-        const int64_t e1 = (hi + o.itemsize - 1) / o.itemsize;
-        if (e0 < e1) run_range(o, sel, sel_isz, kind, nb, e0, e1, stream);
+        const int64_t e0 = (lo + output.itemsize - 1) / output.itemsize;
+        const int64_t e1 = (hi + output.itemsize - 1) / output.itemsize;
+        if (e0 < e1) run_range(output, sel, sel_itemsize, kind, num_branches, e0, e1, stream);
       }
       if (stream) stream_fence();  // order the streamed stores before the join
     };
