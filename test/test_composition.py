@@ -464,6 +464,25 @@ KNOWN_DEFECTS = [
     "compile-aot_eager|autograd|closure_diff|cond|auto",  # 13: zeros compiled, None eager
 ]
 
+# One case per kind of failure this matrix found beyond issue 26's list, so that the
+# sample keeps meeting each of them.
+FOUND_BY_THE_MATRIX = [
+    "export-strict|vmap|ordinary|cond|auto",  # BatchedTensorImpl storage; a functorch level left on
+    "export-nonstrict|jvp|ordinary|cond|auto",  # TensorWrapper storage
+    "export-nonstrict|vmap_shared|ordinary|cond|select",  # "mode not registered"
+    "fx-fake|vmap_shared|no_operands|cond|auto",  # vmap of a branch without operands
+    "fx-real|grad.vmap_shared|closure_nodiff|cond|auto",  # functorch "wrapper == nullptr"
+    "compile-eager|jvp|ordinary|cond|select",  # zero tangent from select compiled
+    "compile-eager|grad|ordinary|cond|select",  # select's Function lacks setup_context
+    "compile-eager|vmap.grad|identity|cond|auto",  # identity's gradient under select compiled
+    "eager|autograd|write|cond|select",  # a selected write breaks the backward
+    "eager|grad|no_operands|cond|select",  # NaN from a closure under select, no vmap
+    "fx-fake|none|unbacked|cond|select",  # guard on two branches' unbacked sizes
+    "fx-fake|none|unbacked|cond|auto",  # unbacked size not tracked, make_fx alone
+    "fx-fake|jacrev|unbacked|cond|auto",  # no batching rule for sym_size
+    "fx-fake|grad|no_operands|cond|auto",  # wrong gradient of a closed-over input
+]
+
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get
 # every transform; strict export and compiling take seconds a case, Inductor the most.
 SAMPLE_SIZE = {
@@ -481,12 +500,12 @@ SAMPLE_SIZE = {
 
 
 def sample(seed: int = 26) -> list[Case]:
-    """A fixed choice: the known defects, then per context SAMPLE_SIZE cases that walk
+    """A fixed choice: the known failures, then per context SAMPLE_SIZE cases that walk
     the transforms and the kinds side by side, each in its own shuffled order, with
     the op and strategy drawn. So every context meets every kind (and, in eager and
     fx-fake, every transform), in different pairings from one context to the next."""
     rng = random.Random(seed)
-    chosen = [Case(*i.split("|")) for i in KNOWN_DEFECTS]
+    chosen = [Case(*i.split("|")) for i in KNOWN_DEFECTS + FOUND_BY_THE_MATRIX]
     for context in CONTEXTS:
         transforms, kinds = (
             rng.sample(TRANSFORMS, len(TRANSFORMS)),
@@ -786,7 +805,7 @@ def test_matches_python_if(case):
 def test_sample_meets_every_context_transform_kind_op_and_strategy():
     for axis, values in enumerate([CONTEXTS, TRANSFORMS, list(KINDS), OPS, STRATEGIES]):
         assert {dataclasses.astuple(c)[axis] for c in CASES} == set(values)
-    assert {str(c) for c in CASES} >= set(KNOWN_DEFECTS)
+    assert {str(c) for c in CASES} >= set(KNOWN_DEFECTS + FOUND_BY_THE_MATRIX)
 
 
 # --- invalid selectors are refused in every context (issue 26, defect 4) ----------------------
