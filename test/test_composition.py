@@ -481,6 +481,15 @@ FOUND_BY_THE_MATRIX = [
     "fx-fake|none|unbacked|cond|auto",  # unbacked size not tracked, make_fx alone
     "fx-fake|jacrev|unbacked|cond|auto",  # no batching rule for sym_size
     "fx-fake|grad|no_operands|cond|auto",  # wrong gradient of a closed-over input
+    "compile-eager|jvp|constant|cond|auto",  # TypeError, then forward AD broken for good
+    "compile-eager|none|nested|cond|select",  # data-dependent assertion in dynamo
+    "compile-eager|none|write|cond|select",  # dynamo's input-mutation error
+    "export-nonstrict|none|write|cond|select",  # a fake tensor among the constants
+    "compile-eager|vmap_shared|write|cond|select",  # written twice, and where untaken
+    "compile-aot_eager|autograd2|ordinary|cond|select",  # double backward gives None
+    "compile-inductor|none|constant|cond|auto",  # torch.tensor(2.0) in a branch fails to lower
+    "export-strict|none|identity|cond|select",  # issue 26's defect 1 through strict export
+    "compile-eager|grad|identity|cond|auto",  # an identity branch's gradient, compiled
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get
