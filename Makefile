@@ -5,7 +5,9 @@
 #   make demo   run demo.py (eager, export with a dynamic batch, print, save/load)
 #   make test   lint (ruff), CUDA kernel compile check, unit tests, the public API's types (mypy),
 #               docs build (warnings are errors), benchmark smoke runs
-#   make test-long  the hypothesis properties with 20x their examples (nightly)
+#   make test-long  the hypothesis properties with 20x their examples, and the whole
+#               composition matrix (test/test_composition.py; `make unit` runs a
+#               fixed sample of it): hours on 2 cores (nightly)
 #   make wheel-check  sdist -> wheel -> install outside the repo -> import, run the demo
 #   make matrix what CI runs: `test` on torch 2.13.0 and 2.15.0, `unit` and
 #               `bench-smoke` on 2.14.1 and 2.11.0
@@ -72,10 +74,12 @@ format: $(DEPS_STAMP)
 # Nightly-style: the hypothesis properties with EXAMPLES_SCALE times their examples
 # (cond/switch against a Python `if` over pytrees, dtypes, layouts with equal dims,
 # in-place branches under select and vmap, grad-mode and custom-Function branches,
-# branches that draw random numbers).
+# branches that draw random numbers), and with TORCHCOND_COMPOSITION=full every case
+# of the composition matrix (torch.func transforms and their pairs x make_fx, export,
+# compile x branch kinds x cond/switch x strategies, against a Python `if`).
 EXAMPLES_SCALE ?= 20
 test-long: install
-	TORCHCOND_EXAMPLES_SCALE=$(EXAMPLES_SCALE) $(PY) -m pytest -q -p no:cacheprovider test/test_properties.py test/test_autograd_properties.py
+	TORCHCOND_EXAMPLES_SCALE=$(EXAMPLES_SCALE) TORCHCOND_COMPOSITION=full $(PY) -m pytest -q -p no:cacheprovider test/test_properties.py test/test_autograd_properties.py test/test_composition.py
 
 # mypy over the package, and over the public API as a user sees it: inferred return
 # types, Literal strategies, and the mistakes it must flag (test/typing/public_api.py;
