@@ -885,3 +885,41 @@ def test_forward_over_forward_traces(op, mode):
     for x in (POS, NEG - 3):
         torch.testing.assert_close(gm(x), _jvp_of_jvp(f_if)(x))
     torch.func.jacfwd(torch.sin)(POS)  # forward AD still works afterwards
+
+
+# --- what the taken branch did not read: None eagerly, zeros traced -----------------
+
+
+def _adamw_step(run, strategy):
+    """One AdamW step (weight decay on) of two Linears behind a cond on False."""
+    torch.manual_seed(0)
+    lt, lf = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    params = [*lt.parameters(), *lf.parameters()]
+    opt = torch.optim.AdamW(params, lr=0.1, weight_decay=0.5)
+
+    def f(p, x):
+        return cond(p, lambda x: lt(x).sin(), lambda x: lf(x).cos(), (x,), strategy=strategy)
+
+    run(f)(torch.tensor(False), torch.ones(2, 4)).sum().backward()
+    grads = [p.grad for p in lt.parameters()]
+    before = [p.detach().clone() for p in lt.parameters()]
+    opt.step()
+    return grads, before, list(lt.parameters())
+
+
+def test_untaken_branch_parameters_get_none_eagerly_and_zeros_compiled():
+    # Eagerly a Python `if`: the true branch's Linear is not in the autograd graph, so
+    # its gradients are None and AdamW leaves it alone.
+    grads, before, after = _adamw_step(lambda f: f, "auto")
+    assert all(g is None for g in grads)
+    for b, a in zip(before, after):
+        torch.testing.assert_close(a, b)
+    # Compiled (and traced) the backward is a conditional whose every branch returns
+    # a gradient: zeros for the untaken side, and AdamW decays those weights.
+    compiled = lambda f: torch.compile(f, backend="aot_eager", fullgraph=True)  # noqa: E731
+    for run, strategy in ((compiled, "auto"), (lambda f: f, "select")):
+        grads, before, after = _adamw_step(run, strategy)
+        for g in grads:
+            torch.testing.assert_close(g, torch.zeros_like(g))
+        for b, a in zip(before, after):
+            torch.testing.assert_close(a, b * (1 - 0.1 * 0.5))

@@ -767,20 +767,22 @@ def judge_error(case: Case, error: Exception) -> str | None:
 
 
 def unused_gradients_differ(case: Case, got: list, calls) -> str | None:
-    """Whether an input the taken branch does not read gets a None gradient here and a
-    zero tensor in eager torchcond, or the reverse: an optimizer would step differently
-    (weight decay and momentum apply to zeros, never to None)."""
+    """Whether an input gets a None gradient here where eager torchcond gives a tensor.
+
+    The documented rule (docs/autograd.rst): eagerly a conditional is a Python `if`,
+    so what the taken branch did not read gets None; a traced or compiled one gives
+    zeros, since its backward cannot make a gradient's presence depend on data. So
+    None eagerly and zeros here is the rule; a tensor eagerly and None here is not.
+    """
     eager = run_calls(lambda: build(case, "torchcond", context="eager"), calls)
     if eager.error is not None:
         return None
     for args, (out, _), (want, _) in zip(calls, got, eager.results):
-        none_here = [g is None for g in out[1]]
-        none_eager = [g is None for g in want[1]]
-        if none_here != none_eager:
-            return (
-                f"selector {args[2].tolist()}: which gradients are None: {none_here} here, "
-                f"{none_eager} in eager torchcond"
-            )
+        for k, (g, w) in enumerate(zip(out[1], want[1])):
+            if g is None and w is not None:
+                return f"selector {args[2].tolist()}: gradient {k} is None here, a tensor eagerly"
+            if w is None and g is not None and bool(g.ne(0).any()):
+                return f"selector {args[2].tolist()}: gradient {k} is None eagerly, nonzero here"
     return None
 
 
