@@ -288,8 +288,13 @@ def schema_of(op: OpOverload) -> torch.FunctionSchema:
 
 
 def storage_key(t: torch.Tensor) -> StorageWeakRef:
-    """Identity of ``t``'s storage (real or fake): equal for views of one tensor."""
-    return StorageWeakRef(t.untyped_storage())
+    """Identity of ``t``'s storage (real or fake): equal for views of one tensor.
+
+    A torch.func wrapper (vmap, grad, jvp) has no storage of its own: a write to it
+    writes to the tensor it wraps, whose storage is the key. Export's pre-dispatch
+    trace meets them in graphs, as the values of its placeholders.
+    """
+    return StorageWeakRef(functorch_base(t).untyped_storage())
 
 
 # ``is_fake_tensor`` exists from torch 2.14, and torch's own HOP code uses it from 2.15
