@@ -177,6 +177,20 @@ def batch(t: torch.Tensor, dim: int, level: int) -> torch.Tensor:
     return torch._C._functorch._add_batch_dim(t, dim, level)
 
 
+def vmap_level(batch_size: int, randomness: str):
+    """A new vmap level while the context is active; yields its number. What
+    ``torch.vmap`` enters, without its checks on inputs (2.11-2.15)."""
+    from torch._functorch.vmap import vmap_increment_nesting
+
+    return vmap_increment_nesting(batch_size, randomness)
+
+
+def remove_batch_dim(t: torch.Tensor, level: int, batch_size: int, dim: int) -> torch.Tensor:
+    """``t`` without ``level``'s batching, the batch at ``dim`` (expanded where ``t`` is not
+    batched at ``level``), as ``torch.vmap`` returns an output (2.11-2.15)."""
+    return torch._C._functorch._remove_batch_dim(t, level, batch_size, dim)
+
+
 def has_tangent(value) -> bool:
     """True when ``value`` is a dual tensor of the active forward-AD level."""
     import torch.autograd.forward_ad as fwAD

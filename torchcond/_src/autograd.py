@@ -198,6 +198,7 @@ class Conditional(torch.autograd.Function):
             branches,
             operands,
             in_dims[4:],
+            info.batch_size,
             info.randomness,
         )
         return out, (0,) * len(out)
