@@ -114,6 +114,7 @@ FUNCTORCH_TRANSFORMS = (
     torch._C._functorch.TransformType.Vmap,
 )
 DIFFERENTIATING_TRANSFORMS = FUNCTORCH_TRANSFORMS[:2]
+JVP_TRANSFORM = torch._C._functorch.TransformType.Jvp
 
 
 def functorch_base(t: torch.Tensor) -> torch.Tensor:
