@@ -675,7 +675,7 @@ def test_traced_vmap_with_a_shared_predicate_and_branches_closing_over_the_batch
     assert count_nodes(traced, "torchcond_cond") == 1
     for p in (True, False):
         p = torch.tensor(p)
-        torch.testing.assert_close(traced(x, y, p), per_example(lambda x: f_if(x, y, p), x))
+        torch.testing.assert_close(traced(x, y, p), per_example(lambda x, p=p: f_if(x, y, p), x))
 
 
 @TRACING_MODES
@@ -715,7 +715,34 @@ def test_traced_gradient_of_vmap_with_a_shared_predicate_reaches_the_closures(tr
     for p in (True, False):
         p = torch.tensor(p)
         want = torch.func.grad(
-            lambda x, w: per_example(lambda x: f_if(x, w, p), x).sum(), argnums=(0, 1)
+            lambda x, w, p=p: per_example(lambda x: f_if(x, w, p), x).sum(), argnums=(0, 1)
+        )(x, w)
+        torch.testing.assert_close(traced(x, w, p), want)
+
+
+@TRACING_MODES
+def test_traced_gradient_of_vmap_with_a_shared_predicate_and_an_operand_also_closed_over(
+    tracing_mode,
+):
+    def f(x, w, p):
+        return cond(p, lambda a: (a * x.sin() * w).sum(), lambda a: (a + x * w).sum(), (x,))
+
+    def f_if(x, w, p):
+        return (x * x.sin() * w).sum() if p else (x + x * w).sum()
+
+    def grads(f):
+        def g(x, w, p):
+            loss = lambda x, w: torch.vmap(f, in_dims=(0, None, None))(x, w, p).sum()  # noqa: E731
+            return torch.func.grad(loss, argnums=(0, 1))(x, w)
+
+        return g
+
+    x, w = torch.tensor([[1.0, 4.0], [9.0, 0.25]]), torch.tensor([0.5, -1.5])
+    traced = make_fx(grads(f), tracing_mode=tracing_mode)(x, w, torch.tensor(True))
+    for p in (True, False):
+        p = torch.tensor(p)
+        want = torch.func.grad(
+            lambda x, w, p=p: per_example(lambda x: f_if(x, w, p), x).sum(), argnums=(0, 1)
         )(x, w)
         torch.testing.assert_close(traced(x, w, p), want)
 

@@ -325,11 +325,11 @@ class MappedConditional(torch.nn.Module):
 def test_vmap_of_a_conditional(strict, shared):
     # The export keeps vmap in the graph: the conditional meets the batch's wrappers.
     model = MappedConditional(shared)
-    p = torch.tensor(True) if shared else torch.tensor([True, False, True])
-    ep = export(model, (torch.randn(3, 2), p), strict=strict)
+    traced_p = torch.tensor(True) if shared else torch.tensor([True, False, True])
+    ep = export(model, (torch.randn(3, 2), traced_p), strict=strict)
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
     loaded = ep.module()
-    for p in ([torch.tensor(True), torch.tensor(False)] if shared else [p, ~p]):
+    for p in (traced_p, ~traced_p):
         x = torch.randn(3, 2)
         want = torch.stack([xi.sin() if pi else xi.cos() for xi, pi in zip(x, p.expand(3))])
         torch.testing.assert_close(loaded(x, p), want)

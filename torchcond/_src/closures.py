@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -111,7 +111,11 @@ def lift_under_transform(form: Form, branches, operands: tuple):
     per_example = _PerExample(_compat.fake_mode_of(operands))
     with _compat.transform_levels_set_aside(), _compat.below_autograd():
         inner = tuple(per_example.operand(t) for t in operands)
-        fns = [_recording(b, wrappers, StandIns(inner, per_example)) for b in branches]
+        # An operand the branch also reads from its closure is read as it receives it.
+        fns = [
+            _recording(b, wrappers, StandIns(inner, per_example, zip(operands, inner)))
+            for b in branches
+        ]
         if tracer is not None:
             labels = form.labels(len(branches))
             traced = trace_in_session(tracer, fns, inner, labels, lift_also=per_example.made)
@@ -367,10 +371,17 @@ class StandIns(torch.overrides.TorchFunctionMode):
 
     A tensor is closed over when it is neither ``given`` (the branch's inputs) nor
     made under this mode. The branches of a conditional called under it run under it
-    too, so what they close over is replaced as well.
+    too, so what they close over is replaced as well. ``read_as``: pairs ``(t, u)``
+    of a tensor the branch reads as ``u``, one of ``given`` (an operand as the caller
+    holds it, and as the branch receives it).
     """
 
-    def __init__(self, given: Sequence, stand_in: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(
+        self,
+        given: Sequence,
+        stand_in: Callable[[torch.Tensor], torch.Tensor],
+        read_as: Iterable[tuple] = (),
+    ):
         super().__init__()
         self.stand_in = stand_in
         self.kept = _ByIdentity()
@@ -378,6 +389,9 @@ class StandIns(torch.overrides.TorchFunctionMode):
             if isinstance(t, torch.Tensor):
                 self.kept.put(t, t)
         self.swapped = _ByIdentity()
+        for t, u in read_as:
+            if isinstance(t, torch.Tensor) and t is not u:
+                self.swapped.put(t, u)
         # Weak, so the branch's intermediates are freed as they would be without it.
         self.made = _ByIdentity(weak=True)
 
