@@ -275,17 +275,11 @@ def new_unbacked_size(shape_env, lower, upper) -> torch.SymInt:
 
 
 def same_size(a, b) -> bool:
-    """Statically equal sizes, with no guard; unbacked sizes are never assumed equal."""
-    from torch.fx.experimental.symbolic_shapes import (
-        SymIntEqByExpr,
-        has_free_unbacked_symbols,
-    )
+    """Statically equal sizes, with no guard: the same expression. An unbacked size
+    equals only itself (the batch size vmap maps every branch over, say); two
+    branches' data-dependent sizes are different symbols."""
+    from torch.fx.experimental.symbolic_shapes import SymIntEqByExpr
 
-    def unbacked(s):
-        return not isinstance(s, int) and has_free_unbacked_symbols(s.node.expr)
-
-    if unbacked(a) or unbacked(b):
-        return a is b
     return SymIntEqByExpr(a) == SymIntEqByExpr(b)
 
 
