@@ -276,7 +276,9 @@ class Mapped:
                 read.append((t, stand_in))
                 return stand_in
 
-            with StandIns(batched, rebatched):
+            # A graph reads nothing but its inputs: no closure to read batched.
+            free = closure_free(self.branch)
+            with contextlib.nullcontext() if free else StandIns(batched, rebatched):
                 outs = tuple(self._run(*batched))
             if self._report is not None:
                 self._report(tuple(_source(o, batched, read) for o in outs))
