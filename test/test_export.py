@@ -345,6 +345,28 @@ def test_vmap_of_a_conditional_with_strategy_select():
 
 
 @STRICTNESS
+@pytest.mark.parametrize("shared", [False, True], ids=["per_example", "shared"])
+def test_vmap_of_a_conditional_returning_an_unbatched_operand(strict, shared):
+    # Traced, a branch that returns y returns a copy of it; unbatched, as y is.
+    class M(torch.nn.Module):
+        def forward(self, x, y, p):
+            def f(x, y, p):
+                return cond(p, lambda x, y: (x.sin(), y), lambda x, y: (x.cos(), y), (x, y))
+
+            in_dims = (0, None, None if shared else 0)
+            return torch.vmap(f, in_dims=in_dims, out_dims=(0, None))(x, y, p)
+
+    traced_p = torch.tensor(True) if shared else torch.tensor([True, False, True])
+    y = torch.randn(2)
+    loaded = export(M(), (torch.randn(3, 2), y, traced_p), strict=strict).module()
+    for p in (traced_p, ~traced_p):
+        x = torch.randn(3, 2)
+        out_x, out_y = loaded(x, y, p)
+        torch.testing.assert_close(out_x, torch.where(p[..., None], x.sin(), x.cos()))
+        torch.testing.assert_close(out_y, y)
+
+
+@STRICTNESS
 def test_jvp_of_a_conditional(strict):
     class M(torch.nn.Module):
         def forward(self, x, p):

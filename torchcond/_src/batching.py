@@ -18,10 +18,11 @@ import torch
 
 from .. import _compat
 from ..errors import BranchMutationError
-from .closures import Mapped
+from .closures import UNBATCHED, Mapped
 from .forms import Form
 from .strategies import run_every_branch, select_outputs
-from .tracing import logical_sizes, written_back
+from .subgraph import returned_inputs
+from .tracing import logical_sizes, plain, written_back
 
 
 def vmap_rule(form: Form, interpreter, selector, branches, operands):
@@ -34,8 +35,9 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
         # that tensors a branch closes over are batched as its operands are; the
         # select runs below it, on the batch's own tensors.
         labels = form.labels(len(branches))
-        branches = [logical_sizes(b) for b in branches]
-        every = run_every_branch(form, selector, branches, operands, labels)
+        copies = _copied_operands(branches)
+        runs = [logical_sizes(b) for b in branches]
+        every = run_every_branch(form, selector, runs, operands, labels)
         which, first = (
             _batch_first(t, level, size) if t is not None else None
             for t in (every.which, every.first)
@@ -45,8 +47,13 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
         with interpreter.lower():
             out = select_outputs(which, first, outputs)
             out = written_back(out, every.written, lambda i, value: targets[i].copy_(value))
-        # An output every branch returns unchanged keeps its own batching (none, say).
-        return every.merged([_compat.batch(t, 0, level) for t in out])
+        # An output every branch returns unchanged keeps its own batching (none, say);
+        # so does a copy of an operand every branch graph returns (a traced identity).
+        out = every.merged([_compat.batch(t, 0, level) for t in out])
+        return tuple(
+            operands[copies[j]].clone() if j in copies and j not in every.same else t
+            for j, t in enumerate(out)
+        )
     # One selector for the batch: one conditional of mapped branches, below this level.
     tensors, in_dims = _unbatch_all(operands, level)
     unchanged = _Unchanged(len(branches))
@@ -56,13 +63,30 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
     ]
     with interpreter.lower():
         out = form.op(selector, *mapped, tensors)
-    # An output every branch returns unchanged is that operand or closure, with its
-    # own batching, as a Python ``if`` returns it.
-    same = unchanged.same()
+    # As a Python ``if`` returns them: an output every branch returns unchanged is
+    # that operand or closure, with its own batching; one that no branch varies over
+    # the batch is not batched.
+    kept = unchanged.same(
+        lambda source: (
+            source is UNBATCHED
+            or (isinstance(source, int) and in_dims[source] is None)
+            or (isinstance(source, torch.Tensor) and not _compat.batched_at(source, level))
+        )
+    )
     return tuple(
-        _outer(same[j], operands) if j in same else _compat.batch(t, 0, level)
+        _batched_as(kept[j], t, operands, level) if j in kept else _compat.batch(t, 0, level)
         for j, t in enumerate(out)
     )
+
+
+def _copied_operands(branches) -> dict[int, int]:
+    """Output position -> the operand every branch returns a copy of, where every
+    branch is a graph (``subgraph.returned_inputs``)."""
+    graphs = [plain(b) for b in branches]
+    if not all(isinstance(gm, torch.fx.GraphModule) for gm in graphs):
+        return {}
+    first, *rest = [returned_inputs(gm) for gm in graphs]
+    return {j: i for j, i in first.items() if all(r.get(j) == i for r in rest)}
 
 
 def map_conditional(
@@ -93,8 +117,8 @@ def _unbatch_all(operands, level) -> tuple[tuple, tuple]:
 
 
 class _Unchanged:
-    """What each branch returned unchanged, output by output, in every run of it
-    (``Mapped`` reports it): where all agree, the conditional's output is that value."""
+    """What each branch's outputs are, output by output, in every run of it (``Mapped``
+    reports it): where all runs agree, the conditional's output is that value."""
 
     def __init__(self, n_branches: int):
         self._runs: list[list[tuple]] = [[] for _ in range(n_branches)]
@@ -102,17 +126,18 @@ class _Unchanged:
     def reporter(self, k: int) -> Callable[[tuple], None]:
         return self._runs[k].append
 
-    def same(self) -> dict[int, object]:
+    def same(self, unbatched: Callable[[object], bool]) -> dict[int, object]:
         """Output position -> an operand's position or a closure, the same in every run
-        (the branches a trace runs, or the one a readable selector takes)."""
+        (the branches a trace runs, or the one a readable selector takes), or
+        ``UNBATCHED`` where every run's is ``unbatched``."""
         runs = [run for branch in self._runs for run in branch]
-        if not runs:
-            return {}
-        return {
-            j: source
-            for j, source in enumerate(runs[0])
-            if source is not None and all(_same_source(run[j], source) for run in runs[1:])
-        }
+        kept: dict[int, object] = {}
+        for j, source in enumerate(runs[0] if runs else ()):
+            if source is not None and all(_same_source(run[j], source) for run in runs[1:]):
+                kept[j] = source
+            elif all(unbatched(run[j]) for run in runs):
+                kept[j] = UNBATCHED
+        return kept
 
 
 def _same_source(a, b) -> bool:
@@ -121,7 +146,11 @@ def _same_source(a, b) -> bool:
     return a is b
 
 
-def _outer(source, operands):
+def _batched_as(source, out: torch.Tensor, operands, level: int):
+    """The output ``Mapped`` found to be ``source`` in every run; ``out``, the
+    conditional's (batch first), where it is ``UNBATCHED``."""
+    if source is UNBATCHED:
+        return out.select(0, 0) if out.shape[0] else _compat.batch(out, 0, level)
     return operands[source] if isinstance(source, int) else source
 
 

@@ -239,8 +239,9 @@ class Mapped:
     nothing that is not readable below ``level``: its batch's own tensor, which a trace
     lifts as any other closure. Unlike ``torch.vmap``, no operand need be batched.
 
-    ``report(sources)``, after each run: for every output, what it is unchanged, or
-    None: ``int`` i for the i-th argument, or a tensor ``branch`` closes over.
+    ``report(sources)``, after each run: for every output, ``int`` i for the i-th
+    argument returned unchanged, a tensor ``branch`` closes over returned unchanged,
+    ``UNBATCHED`` for another value that is the same for every example, or None.
     """
 
     def __init__(
@@ -281,7 +282,7 @@ class Mapped:
             with contextlib.nullcontext() if free else StandIns(batched, rebatched):
                 outs = tuple(self._run(*batched))
             if self._report is not None:
-                self._report(tuple(_source(o, batched, read) for o in outs))
+                self._report(tuple(_source(o, batched, read, new) for o in outs))
             return tuple(_compat.remove_batch_dim(o, new, self._batch_size, 0) for o in outs)
 
 
@@ -293,12 +294,19 @@ def _batched(t: torch.Tensor, dim: int, level: int) -> torch.Tensor:
     return _compat.batch(t, dim, level)
 
 
-def _source(out, args: tuple, read: list):
-    """What ``out`` is unchanged: an argument's position, a closure, or None."""
+# What ``Mapped`` reports for an output the same for every example of the batch.
+UNBATCHED = "unbatched"
+
+
+def _source(out, args: tuple, read: list, level: int):
+    """What ``out`` is (see ``Mapped``)."""
     for i, a in enumerate(args):
         if out is a:
             return i
-    return next((closure for closure, stand_in in read if out is stand_in), None)
+    for closure, stand_in in read:
+        if out is stand_in:
+            return closure
+    return None if _compat.batched_at(out, level) else UNBATCHED
 
 
 def closure_free(branch) -> bool:
