@@ -923,3 +923,27 @@ def test_untaken_branch_parameters_get_none_eagerly_and_zeros_compiled():
             torch.testing.assert_close(g, torch.zeros_like(g))
         for b, a in zip(before, after):
             torch.testing.assert_close(a, b * (1 - 0.1 * 0.5))
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
+def test_compiled_forward_mode_through_a_branch_that_returns_a_constant(transform):
+    # Compiled, jvp reads the output's tangent as the trace found it (the jvp
+    # conditional gives one); the taken branch's constant has none of its own.
+    def program(cond_or_if):
+        def f(x, p):
+            g = lambda x: cond_or_if(p, lambda x: torch.tensor(2.0), torch.sqrt, x)  # noqa: E731
+            if transform == "jvp":
+                return torch.func.jvp(g, (x,), (torch.ones_like(x),))
+            return torch.func.jacfwd(g)(x)
+
+        return f
+
+    compiled = torch.compile(
+        program(lambda p, f, g, x: cond(p, f, g, (x,))), backend="eager", fullgraph=True
+    )
+    python_if = program(lambda p, f, g, x: f(x) if p else g(x))
+    x = torch.tensor(0.7)
+    for p in (True, False):
+        torch.testing.assert_close(compiled(x, torch.tensor(p)), python_if(x, p))
+    # Forward-mode AD still works afterwards.
+    torch.testing.assert_close(torch.func.jacfwd(torch.sin)(torch.zeros(2)), torch.eye(2))

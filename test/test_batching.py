@@ -623,7 +623,7 @@ def test_map_conditional_with_a_batched_selector_equals_python_if():
     xs = torch.tensor([[1.0, 0.0, 4.0], [4.0, 9.0, 0.0]])  # batched along dim 1
     w = torch.tensor([10.0, 20.0])
     branches = [lambda x, w: (x.sqrt() + w, w), lambda x, w: (x - w, w)]
-    got = map_conditional(form_of(cond_op), p, 0, branches, (xs, w), (1, None), "error")
+    got = map_conditional(form_of(cond_op), p, 0, branches, (xs, w), (1, None), 3, "error")
     want = [
         per_example(lambda p, x, j=j: branches[0 if p else 1](x, w)[j], p, xs.t()) for j in (0, 1)
     ]
@@ -653,3 +653,123 @@ def test_a_nested_conditional_with_a_shared_predicate_in_a_branch_that_runs_unta
     torch.testing.assert_close(torch.func.grad(lambda x: batched(x).sum())(ROOTS), want)
     torch.testing.assert_close(_backward(batched, ROOTS), want)
     torch.testing.assert_close(torch.vmap(torch.func.grad(f), in_dims=(0, None))(ROOTS, q), want)
+
+
+# --- a shared selector, traced: one conditional of mapped branches -----------------------
+
+TRACING_MODES = pytest.mark.parametrize("tracing_mode", ["real", "fake", "symbolic"])
+
+
+@TRACING_MODES
+def test_traced_vmap_with_a_shared_predicate_and_branches_closing_over_the_batch(tracing_mode):
+    # No operands: the branches read the batched x (and the shared y) from their closure.
+    def f(x, y, p):
+        return cond(p, lambda: x.sqrt() * y, lambda: x * y, ())
+
+    def f_if(x, y, p):
+        return x.sqrt() * y if p else x * y
+
+    mapped = lambda x, y, p: torch.vmap(f, in_dims=(0, None, None))(x, y, p)  # noqa: E731
+    x, y = torch.tensor([1.0, 4.0, 9.0]), torch.tensor(2.0)
+    traced = make_fx(mapped, tracing_mode=tracing_mode)(x, y, torch.tensor(True))
+    assert count_nodes(traced, "torchcond_cond") == 1
+    for p in (True, False):
+        p = torch.tensor(p)
+        torch.testing.assert_close(traced(x, y, p), per_example(lambda x, p=p: f_if(x, y, p), x))
+
+
+@TRACING_MODES
+def test_traced_vmap_with_a_shared_predicate_returns_an_unchanged_operand_unbatched(
+    tracing_mode,
+):
+    def f(x, y, p):
+        return cond(p, lambda x, y: (x.sin(), y), lambda x, y: (x.cos(), y), (x, y))
+
+    mapped = lambda x, y, p: torch.vmap(f, in_dims=(0, None, None), out_dims=(0, None))(x, y, p)  # noqa: E731
+    x, y = torch.tensor([0.5, 1.0, 2.0]), torch.tensor([3.0, 4.0])
+    traced = make_fx(mapped, tracing_mode=tracing_mode)(x, y, torch.tensor(True))
+    for p in (True, False):
+        out_x, out_y = traced(x, y, torch.tensor(p))
+        torch.testing.assert_close(out_x, x.sin() if p else x.cos())
+        torch.testing.assert_close(out_y, y)
+
+
+@TRACING_MODES
+def test_traced_gradient_of_vmap_with_a_shared_predicate_reaches_the_closures(tracing_mode):
+    # grad outside vmap: the branches close over the batched x and the differentiated w.
+    def f(x, w, p):
+        return cond(p, lambda: (x.sqrt() * w).sum(), lambda: (x * w).sin().sum(), ())
+
+    def f_if(x, w, p):
+        return (x.sqrt() * w).sum() if p else (x * w).sin().sum()
+
+    def grads(f):
+        def g(x, w, p):
+            loss = lambda x, w: torch.vmap(f, in_dims=(0, None, None))(x, w, p).sum()  # noqa: E731
+            return torch.func.grad(loss, argnums=(0, 1))(x, w)
+
+        return g
+
+    x, w = torch.tensor([[1.0, 4.0], [9.0, 0.25]]), torch.tensor([0.5, -1.5])
+    traced = make_fx(grads(f), tracing_mode=tracing_mode)(x, w, torch.tensor(True))
+    for p in (True, False):
+        p = torch.tensor(p)
+        want = torch.func.grad(
+            lambda x, w, p=p: per_example(lambda x: f_if(x, w, p), x).sum(), argnums=(0, 1)
+        )(x, w)
+        torch.testing.assert_close(traced(x, w, p), want)
+
+
+@TRACING_MODES
+def test_traced_gradient_of_vmap_with_a_shared_predicate_and_an_operand_also_closed_over(
+    tracing_mode,
+):
+    def f(x, w, p):
+        return cond(p, lambda a: (a * x.sin() * w).sum(), lambda a: (a + x * w).sum(), (x,))
+
+    def f_if(x, w, p):
+        return (x * x.sin() * w).sum() if p else (x + x * w).sum()
+
+    def grads(f):
+        def g(x, w, p):
+            loss = lambda x, w: torch.vmap(f, in_dims=(0, None, None))(x, w, p).sum()  # noqa: E731
+            return torch.func.grad(loss, argnums=(0, 1))(x, w)
+
+        return g
+
+    x, w = torch.tensor([[1.0, 4.0], [9.0, 0.25]]), torch.tensor([0.5, -1.5])
+    traced = make_fx(grads(f), tracing_mode=tracing_mode)(x, w, torch.tensor(True))
+    for p in (True, False):
+        p = torch.tensor(p)
+        want = torch.func.grad(
+            lambda x, w, p=p: per_example(lambda x: f_if(x, w, p), x).sum(), argnums=(0, 1)
+        )(x, w)
+        torch.testing.assert_close(traced(x, w, p), want)
+
+
+def test_jacrev_of_a_branch_that_reads_a_size_made_from_data():
+    # jacrev vmaps the derivative graphs, which query a size nonzero made (sym_size).
+    def rows(x):
+        return (x > 1).nonzero().size(0) + 1
+
+    def f(x, p):
+        return cond(
+            p, lambda x: x * torch.ones(rows(x)).cos(), lambda x: x * torch.ones(rows(x)), (x,)
+        )
+
+    def f_if(x, p):
+        return x * torch.ones(rows(x)).cos() if p else x * torch.ones(rows(x))
+
+    x = torch.tensor(1.5)
+    traced = make_fx(lambda x, p: torch.func.jacrev(f)(x, p), tracing_mode="fake")(
+        x, torch.tensor(True)
+    )
+    # Compiled, jacrev maps the derivative over a batch of that data-dependent size:
+    # the branches' outputs share it, and merged they keep it (no fresh size, which
+    # dynamo would then query on a batched value).
+    compiled = torch.compile(lambda x, p: torch.func.jacrev(f)(x, p), backend="aot_eager")
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        for p in (True, False):
+            want = torch.func.jacrev(f_if)(x, p)
+            torch.testing.assert_close(traced(x, torch.tensor(p)), want)
+            torch.testing.assert_close(compiled(x, torch.tensor(p)), want)

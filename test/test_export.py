@@ -304,3 +304,77 @@ def test_one_tensor_passed_as_two_operands(strict):
     loaded = round_trip(ep).module()
     for x in (torch.tensor([2, 3]), torch.tensor([0, 0]), torch.tensor([-1, 1])):
         torch.testing.assert_close(loaded(x), OneTensorTwice()(x))
+
+
+class MappedConditional(torch.nn.Module):
+    """vmap over a conditional: its predicate per example, or one for the batch."""
+
+    def __init__(self, shared: bool, strategy: str = "auto"):
+        super().__init__()
+        self.shared, self.strategy = shared, strategy
+
+    def forward(self, x, p):
+        def f(x, p):
+            return cond(p, torch.sin, torch.cos, (x,), strategy=self.strategy)
+
+        return torch.vmap(f, in_dims=(0, None if self.shared else 0))(x, p)
+
+
+@STRICTNESS
+@pytest.mark.parametrize("shared", [False, True], ids=["per_example", "shared"])
+def test_vmap_of_a_conditional(strict, shared):
+    # The export keeps vmap in the graph: the conditional meets the batch's wrappers.
+    model = MappedConditional(shared)
+    traced_p = torch.tensor(True) if shared else torch.tensor([True, False, True])
+    ep = export(model, (torch.randn(3, 2), traced_p), strict=strict)
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
+    loaded = ep.module()
+    for p in (traced_p, ~traced_p):
+        x = torch.randn(3, 2)
+        want = torch.stack([xi.sin() if pi else xi.cos() for xi, pi in zip(x, p.expand(3))])
+        torch.testing.assert_close(loaded(x, p), want)
+
+
+def test_vmap_of_a_conditional_with_strategy_select():
+    model = MappedConditional(shared=False, strategy="select")
+    p = torch.tensor([True, False, True])
+    loaded = export(model, (torch.randn(3, 2), p), strict=False).module()
+    x = torch.randn(3, 2)
+    want = torch.stack([xi.sin() if pi else xi.cos() for xi, pi in zip(x, p)])
+    torch.testing.assert_close(loaded(x, p), want)
+
+
+@STRICTNESS
+@pytest.mark.parametrize("shared", [False, True], ids=["per_example", "shared"])
+def test_vmap_of_a_conditional_returning_an_unbatched_operand(strict, shared):
+    # Traced, a branch that returns y returns a copy of it; unbatched, as y is.
+    class M(torch.nn.Module):
+        def forward(self, x, y, p):
+            def f(x, y, p):
+                return cond(p, lambda x, y: (x.sin(), y), lambda x, y: (x.cos(), y), (x, y))
+
+            in_dims = (0, None, None if shared else 0)
+            return torch.vmap(f, in_dims=in_dims, out_dims=(0, None))(x, y, p)
+
+    traced_p = torch.tensor(True) if shared else torch.tensor([True, False, True])
+    y = torch.randn(2)
+    loaded = export(M(), (torch.randn(3, 2), y, traced_p), strict=strict).module()
+    for p in (traced_p, ~traced_p):
+        x = torch.randn(3, 2)
+        out_x, out_y = loaded(x, y, p)
+        torch.testing.assert_close(out_x, torch.where(p[..., None], x.sin(), x.cos()))
+        torch.testing.assert_close(out_y, y)
+
+
+@STRICTNESS
+def test_jvp_of_a_conditional(strict):
+    class M(torch.nn.Module):
+        def forward(self, x, p):
+            f = lambda x: cond(p, torch.sin, torch.cos, (x,))  # noqa: E731
+            return torch.func.jvp(f, (x,), (torch.ones_like(x),))
+
+    loaded = export(M(), (torch.randn(3), torch.tensor(True)), strict=strict).module()
+    x = torch.randn(3)
+    for p in (True, False):
+        want = (x.sin(), x.cos()) if p else (x.cos(), -x.sin())
+        torch.testing.assert_close(loaded(x, torch.tensor(p)), want)

@@ -114,6 +114,7 @@ FUNCTORCH_TRANSFORMS = (
     torch._C._functorch.TransformType.Vmap,
 )
 DIFFERENTIATING_TRANSFORMS = FUNCTORCH_TRANSFORMS[:2]
+JVP_TRANSFORM = torch._C._functorch.TransformType.Jvp
 
 
 def functorch_base(t: torch.Tensor) -> torch.Tensor:
@@ -175,6 +176,20 @@ def unbatch(value, level: int):
 
 def batch(t: torch.Tensor, dim: int, level: int) -> torch.Tensor:
     return torch._C._functorch._add_batch_dim(t, dim, level)
+
+
+def vmap_level(batch_size: int, randomness: str):
+    """A new vmap level while the context is active; yields its number. What
+    ``torch.vmap`` enters, without its checks on inputs (2.11-2.15)."""
+    from torch._functorch.vmap import vmap_increment_nesting
+
+    return vmap_increment_nesting(batch_size, randomness)
+
+
+def remove_batch_dim(t: torch.Tensor, level: int, batch_size: int, dim: int) -> torch.Tensor:
+    """``t`` without ``level``'s batching, the batch at ``dim`` (expanded where ``t`` is not
+    batched at ``level``), as ``torch.vmap`` returns an output (2.11-2.15)."""
+    return torch._C._functorch._remove_batch_dim(t, level, batch_size, dim)
 
 
 def has_tangent(value) -> bool:
@@ -260,17 +275,11 @@ def new_unbacked_size(shape_env, lower, upper) -> torch.SymInt:
 
 
 def same_size(a, b) -> bool:
-    """Statically equal sizes, with no guard; unbacked sizes are never assumed equal."""
-    from torch.fx.experimental.symbolic_shapes import (
-        SymIntEqByExpr,
-        has_free_unbacked_symbols,
-    )
+    """Statically equal sizes, with no guard: the same expression. An unbacked size
+    equals only itself (the batch size vmap maps every branch over, say); two
+    branches' data-dependent sizes are different symbols."""
+    from torch.fx.experimental.symbolic_shapes import SymIntEqByExpr
 
-    def unbacked(s):
-        return not isinstance(s, int) and has_free_unbacked_symbols(s.node.expr)
-
-    if unbacked(a) or unbacked(b):
-        return a is b
     return SymIntEqByExpr(a) == SymIntEqByExpr(b)
 
 
@@ -288,8 +297,13 @@ def schema_of(op: OpOverload) -> torch.FunctionSchema:
 
 
 def storage_key(t: torch.Tensor) -> StorageWeakRef:
-    """Identity of ``t``'s storage (real or fake): equal for views of one tensor."""
-    return StorageWeakRef(t.untyped_storage())
+    """Identity of ``t``'s storage (real or fake): equal for views of one tensor.
+
+    A torch.func wrapper (vmap, grad, jvp) has no storage of its own: a write to it
+    writes to the tensor it wraps, whose storage is the key. Export's pre-dispatch
+    trace meets them in graphs, as the values of its placeholders.
+    """
+    return StorageWeakRef(functorch_base(t).untyped_storage())
 
 
 # ``is_fake_tensor`` exists from torch 2.14, and torch's own HOP code uses it from 2.15

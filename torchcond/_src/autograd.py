@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from .. import _compat
 from .._compat import pytree
@@ -123,6 +124,25 @@ def functorch_rule(form: Form, selector, branches, operands):
     return Conditional.apply(form, selector, tuple(branches), None, *operands)
 
 
+def with_tangents(outputs) -> tuple:
+    """The outputs of a branch taken under torch.func's jvp, each floating one a dual
+    tensor: zeros where the branch gives it no tangent (a constant it makes).
+
+    Traced, the conditional's outputs have tangents whichever branch is taken (the
+    jvp conditional's), and code compiled around it (dynamo's jvp) reads them as it
+    found them in the trace. torch.func's jvp runs at forward-AD level 0, the only one
+    torch has; compiled, it enters it without ``forward_ad.dual_level``.
+    """
+    return tuple(
+        forward_ad.make_dual(t, torch.zeros_like(t), level=0)
+        if isinstance(t, torch.Tensor)
+        and _differentiable(t)
+        and forward_ad.unpack_dual(t, level=0).tangent is None
+        else t
+        for t in outputs
+    )
+
+
 def _requires_grad(value) -> bool:
     return isinstance(value, torch.Tensor) and value.requires_grad
 
@@ -198,6 +218,7 @@ class Conditional(torch.autograd.Function):
             branches,
             operands,
             in_dims[4:],
+            info.batch_size,
             info.randomness,
         )
         return out, (0,) * len(out)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -111,7 +111,11 @@ def lift_under_transform(form: Form, branches, operands: tuple):
     per_example = _PerExample(_compat.fake_mode_of(operands))
     with _compat.transform_levels_set_aside(), _compat.below_autograd():
         inner = tuple(per_example.operand(t) for t in operands)
-        fns = [_recording(b, wrappers, StandIns(inner, per_example)) for b in branches]
+        # An operand the branch also reads from its closure is read as it receives it.
+        fns = [
+            _recording(b, wrappers, StandIns(inner, per_example, zip(operands, inner)))
+            for b in branches
+        ]
         if tracer is not None:
             labels = form.labels(len(branches))
             traced = trace_in_session(tracer, fns, inner, labels, lift_also=per_example.made)
@@ -128,7 +132,8 @@ def lift_under_transform(form: Form, branches, operands: tuple):
 
 
 class _PerExample:
-    """Stand-ins of per-example shape for tensors batched by vmap levels set aside.
+    """Stand-ins of per-example shape for tensors batched by vmap levels set aside,
+    and the tensors under other levels' wrappers.
 
     With the torch.func levels set aside, a batched tensor acts as the whole batch;
     a branch run on stand-ins is the per-example function the levels map over.
@@ -148,9 +153,14 @@ class _PerExample:
         return _compat.functorch_base(value)
 
     def __call__(self, value: torch.Tensor) -> torch.Tensor:
-        if not _compat.is_vmapped(value):
+        if _compat.is_vmapped(value):
+            stand_in = self._fresh(value)
+        elif _compat.is_functorch_wrapped(value):
+            # A grad or jvp level's wrapper is read as what it wraps: a level a branch
+            # enters (a vmap it maps over, below) may take a level number set aside.
+            stand_in = _compat.functorch_base(value)
+        else:
             return value
-        stand_in = self._fresh(value)
         self._closures.append((value, stand_in))
         return stand_in
 
@@ -220,16 +230,83 @@ def _recording(branch, *modes):
 
 
 class Mapped:
-    """``branch`` under ``torch.vmap``, batch dimension first on every output: a
-    function that closes over nothing ``branch`` does not."""
+    """``branch`` mapped over a batch of ``batch_size`` examples, as ``torch.vmap`` maps
+    it, batch dimension first on every output.
 
-    def __init__(self, branch, in_dims: tuple, randomness: str):
+    The operator's vmap rule calls it below the vmap ``level`` it maps, where tensors
+    batched at ``level`` have no active level. A tensor of that level that ``branch``
+    closes over is read batched at the new level instead, so the function closes over
+    nothing that is not readable below ``level``: its batch's own tensor, which a trace
+    lifts as any other closure. Unlike ``torch.vmap``, no operand need be batched.
+
+    ``report(sources)``, after each run: for every output, ``int`` i for the i-th
+    argument returned unchanged, a tensor ``branch`` closes over returned unchanged,
+    ``UNBATCHED`` for another value that is the same for every example, or None.
+    """
+
+    def __init__(
+        self,
+        branch,
+        in_dims: tuple,
+        batch_size: int,
+        randomness: str,
+        level: int | None = None,
+        report: Callable[[tuple], None] | None = None,
+    ):
         self.branch = branch
-        self._mapped = torch.vmap(branch, in_dims=in_dims, out_dims=0, randomness=randomness)
+        self._run = tracing.logical_sizes(branch)
+        self._in_dims = in_dims
+        self._batch_size = batch_size
+        self._randomness = randomness
+        self._level = level
+        self._report = report
         self.__name__ = "mapped"
 
     def __call__(self, *args):
-        return self._mapped(*args)
+        with _compat.vmap_level(self._batch_size, self._randomness) as new:
+            batched = tuple(
+                a if d is None else _compat.batch(a, d, new) for a, d in zip(args, self._in_dims)
+            )
+            read: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+            def rebatched(t: torch.Tensor) -> torch.Tensor:
+                stand_in = t
+                if self._level is not None and _compat.batched_at(t, self._level):
+                    physical, dim = _compat.unbatch(t, self._level)
+                    stand_in = _batched(physical, dim, new)
+                read.append((t, stand_in))
+                return stand_in
+
+            # A graph reads nothing but its inputs: no closure to read batched.
+            free = closure_free(self.branch)
+            with contextlib.nullcontext() if free else StandIns(batched, rebatched):
+                outs = tuple(self._run(*batched))
+            if self._report is not None:
+                self._report(tuple(_source(o, batched, read, new) for o in outs))
+            return tuple(_compat.remove_batch_dim(o, new, self._batch_size, 0) for o in outs)
+
+
+def _batched(t: torch.Tensor, dim: int, level: int) -> torch.Tensor:
+    """``t`` batched along ``dim`` at vmap ``level``: a torch function, so that the
+    modes a ``Mapped`` branch runs under (``lift_under_transform``'s) see ``t`` read."""
+    if torch.overrides.has_torch_function((t,)):
+        return torch.overrides.handle_torch_function(_batched, (t,), t, dim, level)
+    return _compat.batch(t, dim, level)
+
+
+# What ``Mapped`` reports for an output the same for every example of the batch.
+UNBATCHED = "unbatched"
+
+
+def _source(out, args: tuple, read: list, level: int):
+    """What ``out`` is (see ``Mapped``)."""
+    for i, a in enumerate(args):
+        if out is a:
+            return i
+    for closure, stand_in in read:
+        if out is stand_in:
+            return closure
+    return None if _compat.batched_at(out, level) else UNBATCHED
 
 
 def closure_free(branch) -> bool:
@@ -304,10 +381,17 @@ class StandIns(torch.overrides.TorchFunctionMode):
 
     A tensor is closed over when it is neither ``given`` (the branch's inputs) nor
     made under this mode. The branches of a conditional called under it run under it
-    too, so what they close over is replaced as well.
+    too, so what they close over is replaced as well. ``read_as``: pairs ``(t, u)``
+    of a tensor the branch reads as ``u``, one of ``given`` (an operand as the caller
+    holds it, and as the branch receives it).
     """
 
-    def __init__(self, given: Sequence, stand_in: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(
+        self,
+        given: Sequence,
+        stand_in: Callable[[torch.Tensor], torch.Tensor],
+        read_as: Iterable[tuple] = (),
+    ):
         super().__init__()
         self.stand_in = stand_in
         self.kept = _ByIdentity()
@@ -315,6 +399,9 @@ class StandIns(torch.overrides.TorchFunctionMode):
             if isinstance(t, torch.Tensor):
                 self.kept.put(t, t)
         self.swapped = _ByIdentity()
+        for t, u in read_as:
+            if isinstance(t, torch.Tensor) and t is not u:
+                self.swapped.put(t, u)
         # Weak, so the branch's intermediates are freed as they would be without it.
         self.made = _ByIdentity(weak=True)
 

@@ -30,7 +30,7 @@ from .._compat import inductor as _compat_inductor
 from .._compat import onnx as _compat_onnx
 from ..errors import CondArgumentError, CondError, UnsupportedCondError
 from . import distributed
-from .autograd import autograd_rule, functorch_rule
+from .autograd import autograd_rule, functorch_rule, with_tangents
 from .batching import vmap_rule
 from .closures import trace_in_session
 from .forms import (
@@ -272,7 +272,8 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     every branch (batching.py).
     """
     if readable_on_host(selector) or readable_under_transform(form.op, selector):
-        return form.taken_branch(selector, branches)(*operands)
+        out = form.taken_branch(selector, branches)(*operands)
+        return with_tangents(out) if interpreter.key() == _compat.JVP_TRANSFORM else out
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
         if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
             # A selector per example of an outer vmap (per-example gradients): every

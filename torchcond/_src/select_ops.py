@@ -463,7 +463,8 @@ def _needs_function(sel, values) -> bool:
     # and cannot trace functorch's wrapper queries
     if _compat.is_dynamo_compiling() or not _compat.transforms_active():
         return False
-    wrapped = _compat.is_functorch_wrapped
+    # A vmap level alone needs no Function: the op's own vmap rule batches it.
+    wrapped = _compat.is_differentiated_by_transform
     if wrapped(sel) or any(wrapped(v) for v in values):
         return True
     has = _compat.has_tangent  # returns at once when no forward-AD level is active

@@ -118,6 +118,19 @@ def align_output_layouts(graphs: Sequence[torch.fx.GraphModule]) -> None:
                 _copy_outputs(gm, {i}, memory_format=torch.contiguous_format)
 
 
+def returned_inputs(gm: torch.fx.GraphModule) -> dict[int, int]:
+    """Output position -> the input it returns: the placeholder itself or a copy of it
+    (as ``copy_aliased_outputs`` makes one of an input returned unchanged)."""
+    placeholders = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    found = {}
+    for j, out in enumerate(gm.graph.find_nodes(op="output")[0].args[0]):
+        if isinstance(out, torch.fx.Node) and out.target is torch.ops.aten.clone.default:
+            out = out.args[0]
+        if out in placeholders:
+            found[j] = placeholders[out]
+    return found
+
+
 def output_values(gm: torch.fx.GraphModule) -> list:
     return [n.meta["val"] for n in gm.graph.find_nodes(op="output")[0].args[0]]
 

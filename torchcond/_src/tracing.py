@@ -119,6 +119,43 @@ def plain(branch):
     return branch.graph if isinstance(branch, SessionGraph) else branch
 
 
+# A graph's queries of its tensors' sizes, as make_fx records them where sizes are
+# symbolic, answered by the tensors' Python methods.
+_SIZE_QUERIES: dict[object, Callable] = {
+    torch.ops.aten.sym_size.int: torch.Tensor.size,
+    torch.ops.aten.sym_stride.int: torch.Tensor.stride,
+    torch.ops.aten.sym_numel.default: torch.Tensor.numel,
+    torch.ops.aten.sym_storage_offset.default: torch.Tensor.storage_offset,
+}
+
+
+def logical_sizes(branch):
+    """``branch`` to run on a vmap level's batched tensors: a graph that queries sizes
+    is run node by node, each query answered with the per-example size, as the
+    code it was traced from reads it (the operators have no batching rule)."""
+    gm = plain(branch)
+    if not isinstance(gm, torch.fx.GraphModule) or not any(
+        node.op == "call_function" and node.target in _SIZE_QUERIES for node in gm.graph.nodes
+    ):
+        return branch
+    return _LogicalSizes(gm).run_branch
+
+
+class _LogicalSizes(torch.fx.Interpreter):
+    def run_branch(self, *args):
+        from torch.fx import traceback as fx_traceback
+
+        # Each node's meta (its stack trace) current while it runs, as for a trace.
+        with fx_traceback.preserve_node_meta():
+            return self.run(*args)
+
+    def call_function(self, target, args, kwargs):
+        query = _SIZE_QUERIES.get(target)
+        if query is not None:
+            return query(*args, **kwargs)
+        return super().call_function(target, args, kwargs)
+
+
 class Traced(NamedTuple):
     """Branches traced into closure-free graphs of one make_fx session."""
 
