@@ -20,6 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import BranchMutationError
 from . import subgraph
+from .state import every_branch_runs
 
 
 class SessionGraph:
@@ -238,7 +239,8 @@ def trace_branches(
     ``lift_also(value)``: a tensor the enclosing trace does not know that is a
     closure all the same (a stand-in for a batched tensor, closures.py).
     """
-    traced = [trace_lifting(b, operands, parent_tracer, lift_also=lift_also) for b in branches]
+    with every_branch_runs():
+        traced = [trace_lifting(b, operands, parent_tracer, lift_also=lift_also) for b in branches]
     lifted: dict[int, object] = {}
     for _, branch_lifted in traced:
         for value, _node in branch_lifted:
