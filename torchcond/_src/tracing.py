@@ -93,10 +93,10 @@ def refuse_writes_under_transform(written: Sequence[int], n_operands: int, label
         "the write changes. Differentiate with torch.autograd instead (make_fx, "
         "torch.compile and torch.export support such writes), or return the new value"
     )
-    _raise_about_write(message, written[0], n_operands, "a tensor it closes over")
+    raise_about_write(message, written[0], n_operands, "a tensor it closes over")
 
 
-def _raise_about_write(message: str, w: int, n_operands: int, closure: str) -> NoReturn:
+def raise_about_write(message: str, w: int, n_operands: int, closure: str) -> NoReturn:
     """Raise ``BranchMutationError(message)`` about input ``w``: an operand is named by
     its path (``{path}``), a lifted closure as ``closure``."""
     if w < n_operands:
@@ -332,7 +332,7 @@ def _check_writable(operands: tuple, n_operands: int, written, labels, writes) -
         else:
             continue
         closure = f"a tensor it closes over (shape {tuple(target.shape)})"
-        _raise_about_write(f"{label} writes in place to {{path}}, {why}", w, n_operands, closure)
+        raise_about_write(f"{label} writes in place to {{path}}, {why}", w, n_operands, closure)
 
 
 def session_graphs(
