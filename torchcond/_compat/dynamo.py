@@ -324,11 +324,10 @@ class _Seen:
     """An object a branch changed, as it was before the branch changed it."""
 
     items: Any  # the variable's own dict or list of variables, copied
-    __slots__ = ("attrs", "item", "items", "modified", "reconstruct_all", "where")
+    __slots__ = ("attrs", "item", "items", "modified", "reconstruct_all")
 
-    def __init__(self, side_effects, item, where: str):
+    def __init__(self, side_effects, item):
         self.item = item
-        self.where = where
         attrs = side_effects.store_attr_mutations.get(item) if _attribute_mutation(item) else None
         self.attrs = dict(attrs or {})
         items = getattr(item, "items", None)
@@ -358,7 +357,7 @@ class _BranchEffects:
 
     def see(self, side_effects, item) -> None:
         if id(item) not in self.seen:
-            self.seen[id(item)] = _Seen(side_effects, item, "")
+            self.seen[id(item)] = _Seen(side_effects, item)
 
 
 def _attribute_mutation(item) -> bool:
