@@ -18,6 +18,8 @@ which is where it is read.
 caller as eager raises it (``torch.compiler.assume_constant_result``, and
 ``torch._dynamo.exc.TorchRuntimeError``, which dynamo re-raises unchanged; the same
 on those releases).
+What a branch changes outside itself (a buffer it assigns, Python state) is recorded
+while the branch is speculated and settled when it returns (``_settle``, below).
 Importing dynamo costs most of a second, so nothing here runs until dynamo itself is
 imported (see ``install``).
 """
@@ -316,8 +318,6 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
 # ``nn.Module.__setattr__`` is traced: a buffer or parameter assigned shows as a
 # change of the module's ``_buffers`` / ``_parameters`` dict; it calls
 # ``inspect.signature``, whose result ``OutputGraph.signature_cache`` keeps.
-
-_WATCHING: list[_BranchEffects] = []
 
 
 class _Seen:

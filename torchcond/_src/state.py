@@ -157,8 +157,9 @@ def refuse_under_select(label: str, attr: str) -> NoReturn:
     """A buffer assigned in a branch that runs whether or not it is taken."""
     raise BranchMutationError(
         f"{label} assigns the buffer {attr} in a branch that runs whether or not it is "
-        "taken (strategy='select'), where a write outside the branch has no value to "
-        "select. Return the value from the branch and assign it after the call"
+        "taken (strategy='select', or vmap with a per-example predicate), where a write "
+        "outside the branch has no value to select. Return the value from the branch "
+        "and assign it after the call"
     )
 
 
