@@ -176,7 +176,12 @@ _EVERY_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 @contextlib.contextmanager
 def every_branch_runs(how: str = "trace") -> Iterator[None]:
     """Around code that runs every branch of a conditional, taken or not: the user's
-    branches run under it are watched (``run_branch``)."""
+    branches run under it are watched (``run_branch``). Under dynamo, which cannot
+    set a context variable, nothing: dynamo speculated the branches first (api's
+    select path) and settled what they change there (_compat/dynamo.py)."""
+    if _compat.is_dynamo_compiling():
+        yield
+        return
     token = _EVERY_BRANCH.set(how)
     try:
         yield
@@ -188,9 +193,7 @@ def run_branch(fn: Callable, label: str, operands) -> object:
     """``fn(*operands)``, a user's branch. Where every branch runs, a buffer it assigns
     keeps its binding and takes the new value in place (in the trace, where it is
     traced), and what else it changes outside itself is put back and refused."""
-    if _compat.is_dynamo_compiling():
-        # Dynamo inlines the branches only after speculating them as a conditional
-        # (api's select path), which settled what they change (_compat/dynamo.py).
+    if _compat.is_dynamo_compiling():  # as for every_branch_runs
         return fn(*operands)
     how = _EVERY_BRANCH.get()
     if how is None:
