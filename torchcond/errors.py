@@ -81,15 +81,20 @@ class BranchMismatchError(CondError, ValueError, RuntimeError):
 
 
 class BranchMutationError(CondError, RuntimeError):
-    """A branch writes in place to a tensor the conditional cannot write back as a
-    Python ``if`` would.
+    """A branch changes something outside itself that the conditional cannot change as
+    a Python ``if`` would.
 
     Writes to operands, module buffers, closed-over tensors and views of them are
-    fine in every mode. Refused, before anything is written: a write through one of
-    two operands that share memory, to a real tensor a trace on fake tensors holds as
-    a constant, to an operand's sizes or strides; and where every branch runs
-    (``strategy="select"``, or ``torch.vmap`` with a per-example predicate), to a
-    closed-over tensor or an operand that needs a gradient.
+    fine in every mode, and so is assigning a registered buffer a tensor of its
+    shape, dtype and device (traced, a write into the buffer). Refused, before
+    anything is written: a write through one of two operands that share memory, to
+    a real tensor a trace on fake tensors holds as a constant, to an operand's sizes
+    or strides; when traced, a change of Python state (a list appended to, an
+    attribute set), a tensor assigned to an attribute that is no buffer, a buffer
+    assigned a value that does not fit it; and where every branch runs
+    (``strategy="select"``, or ``torch.vmap`` with a per-example predicate), a write
+    to a closed-over tensor or an operand that needs a gradient, or an assigned
+    buffer. The message names the attribute, object or operand and the branch.
 
     Examples:
         >>> counter = torch.zeros(())

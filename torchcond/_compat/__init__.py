@@ -659,3 +659,26 @@ def modules_untracked(mode):
     finally:
         tracker._fw_pre_handle = register_module_forward_pre_hook(tracker._fw_pre_hook)
         tracker._fw_post_handle = register_module_forward_hook(tracker._fw_post_hook)
+
+
+@contextlib.contextmanager
+def only_buffer_registration_hook(hook: Callable):
+    """While active, ``hook(module, name, value)`` is the one global buffer
+    registration hook: it sees every buffer a module registers or is assigned, and
+    no other hook does (non-strict export's, which maps an assigned buffer to a node
+    of the graph being made, would take a branch's node for one of the program's).
+    ``torch.nn.modules.module._global_buffer_registration_hooks``, an OrderedDict of
+    hooks by handle id, is the same on 2.11-2.15."""
+    import torch.nn.modules.module as module
+
+    hooks = module._global_buffer_registration_hooks
+    saved = dict(hooks)
+    hooks.clear()
+    hooks[-1] = hook
+    try:
+        yield
+    finally:
+        added = {k: v for k, v in hooks.items() if k != -1}  # registered meanwhile
+        hooks.clear()
+        hooks.update(saved)
+        hooks.update(added)

@@ -18,16 +18,19 @@ which is where it is read.
 caller as eager raises it (``torch.compiler.assume_constant_result``, and
 ``torch._dynamo.exc.TorchRuntimeError``, which dynamo re-raises unchanged; the same
 on those releases).
+What a branch changes outside itself (a buffer it assigns, Python state) is recorded
+while the branch is speculated and settled when it returns (``_settle``, below).
 Importing dynamo costs most of a second, so nothing here runs until dynamo itself is
 imported (see ``install``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import warnings
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.utils._pytree as pytree
@@ -75,7 +78,7 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
     return both(message)
 
 
-def install(forms: dict, check_outputs) -> None:
+def install(forms: dict, check_outputs, state_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
     ``forms`` maps each operator to ``(taken, labels)``: ``taken(constant_selector, n)
@@ -84,19 +87,23 @@ def install(forms: dict, check_outputs) -> None:
     ``labels(n)``, the branches' names in messages.
     ``check_outputs(per_branch_outputs, labels, out_spec)`` raises, naming the output
     path, when the speculated branches' outputs cannot be one operator's outputs.
+    ``state_rules`` (``_src/state.py``): what a branch may change outside itself, and
+    the errors for what it may not (see ``_settle``).
     """
-    when_imported(_HOP_VARIABLES, lambda module: _register(module, forms, check_outputs))
+    when_imported(
+        _HOP_VARIABLES, lambda module: _register(module, forms, check_outputs, state_rules)
+    )
 
 
-def _register(hop, forms: dict, check_outputs) -> None:
+def _register(hop, forms: dict, check_outputs, state_rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
     for op, (taken, labels) in forms.items():
         registry[op.name()] = _conditional_variable_class(
-            hop, op.name(), taken, labels, check_outputs
+            hop, op.name(), taken, labels, check_outputs, state_rules
         )
 
 
-def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs):
+def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs, state_rules):
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
     Every branch is speculated into a subgraph; the subgraphs get the union of all
@@ -238,7 +245,7 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
             try:
                 (ret_val, ret_spec), graph, lifted = hop.speculate_subgraph(
                     tx,
-                    branch,
+                    _settling_branch(branch, name, may_write, state_rules),
                     operand_vts,
                     {},
                     self._HOP_NAME,
@@ -292,6 +299,308 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs)
             return shared
 
     return TorchcondConditionalVariable
+
+
+# --- what a branch changes outside itself ---------------------------------------------
+#
+# Dynamo refuses a branch's side effect on anything made outside the branch ("HOP:
+# Unsafe side effect") as it sees it. A branch runs as the branch of a conditional:
+# only the taken one's effects may land. A buffer the branch assigns is carried as
+# a write into the buffer (``buffer.copy_(new)``, which the conditional handles like
+# any write to what it closes over); everything else is refused by name, with the
+# rules of ``_src/state.py``. So while a branch is speculated, dynamo's check
+# (``SideEffects.check_allowed_side_effect``) records what the branch changes and
+# lets it happen; when the branch returns, ``_settle`` puts the state back and
+# emits the writes. Checked on torch 2.11, 2.13, 2.14 and 2.15: the check, the
+# ``allow_side_effects_in_hop`` flag of a subgraph tracer (which also stops 2.13 on
+# from deferring a constant's store to a check of its own), ``store_attr_mutations``,
+# ``ConstDictVariable.items`` (keys wrapping a ``.vt``) and ``ListVariable.items``.
+# ``nn.Module.__setattr__`` is traced: a buffer or parameter assigned shows as a
+# change of the module's ``_buffers`` / ``_parameters`` dict; it calls
+# ``inspect.signature``, whose result ``OutputGraph.signature_cache`` keeps.
+
+
+class _Seen:
+    """An object a branch changed, as it was before the branch changed it."""
+
+    items: Any  # the variable's own dict or list of variables, copied
+    __slots__ = ("attrs", "item", "items", "modified", "reconstruct_all")
+
+    def __init__(self, side_effects, item):
+        self.item = item
+        attrs = side_effects.store_attr_mutations.get(item) if _attribute_mutation(item) else None
+        self.attrs = dict(attrs or {})
+        items = getattr(item, "items", None)
+        self.items = items.copy() if isinstance(items, (dict, list)) else None
+        self.modified = getattr(item.mutation_type, "is_modified", None)
+        self.reconstruct_all = getattr(item, "should_reconstruct_all", None)
+
+    def restore_items(self) -> None:
+        items = self.item.items
+        if isinstance(items, dict):
+            items.clear()
+            items.update(self.items)
+        else:
+            items[:] = self.items
+        if self.modified is not None:
+            self.item.mutation_type.is_modified = self.modified
+        if self.reconstruct_all is not None:
+            self.item.should_reconstruct_all = self.reconstruct_all
+
+
+class _BranchEffects:
+    """What one branch, speculated in ``tracer``, changes that it did not make."""
+
+    def __init__(self, tracer):
+        self.tracer = tracer
+        self.seen: dict[int, _Seen] = {}
+
+    def see(self, side_effects, item) -> None:
+        if id(item) not in self.seen:
+            self.seen[id(item)] = _Seen(side_effects, item)
+
+
+def _attribute_mutation(item) -> bool:
+    from torch._dynamo.variables.base import AttributeMutation
+
+    return isinstance(item.mutation_type, AttributeMutation)
+
+
+def _outside(item) -> bool:
+    """``item`` was made outside the branch now being traced (dynamo's own test)."""
+    from torch._dynamo.variables.base import is_side_effect_safe
+
+    return item.mutation_type is not None and not is_side_effect_safe(item.mutation_type)
+
+
+@contextlib.contextmanager
+def _recording(tx, effects: _BranchEffects):
+    """While a branch is speculated: its side effects on what it did not make are
+    recorded in ``effects`` and allowed (``_settle`` decides on them)."""
+    from torch._dynamo.side_effects import SideEffects
+
+    previous = SideEffects.__dict__["check_allowed_side_effect"]
+
+    def check_allowed_side_effect(side_effects, item):
+        output = side_effects.output_graph_weakref()
+        tracer = output.current_tx.output.current_tracer if output is not None else None
+        if tracer is effects.tracer and _outside(item):
+            effects.see(side_effects, item)
+            return True
+        return previous(side_effects, item)
+
+    tracer = tx.output.current_tracer
+    allowed = tracer.allow_side_effects_in_hop
+    SideEffects.check_allowed_side_effect = check_allowed_side_effect  # type: ignore[method-assign]
+    tracer.allow_side_effects_in_hop = True
+    try:
+        yield
+    finally:
+        tracer.allow_side_effects_in_hop = allowed
+        SideEffects.check_allowed_side_effect = previous  # type: ignore[method-assign]
+
+
+def _settling_branch(branch, label: str, may_write: bool, state_rules):
+    """``branch`` as dynamo speculates it, its effects outside it settled on return."""
+    from torch._dynamo.variables.base import VariableTracker
+
+    class SettlingBranch(VariableTracker):
+        _nonvar_fields = {"label", "may_write", *VariableTracker._nonvar_fields}  # noqa: RUF012
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.branch = branch
+            self.label = label
+            self.may_write = may_write
+
+        def get_function(self):  # names the graph's placeholders after its arguments
+            return self.branch.get_function()
+
+        def call_function(self, tx, args, kwargs):
+            effects = _BranchEffects(tx.output.current_tracer)
+            # Dynamo memoizes inspect.signature's result (an object whose attributes
+            # are side effects of the branch that made it), which the next branch
+            # would read without them: what a branch adds is dropped after it.
+            signatures = tx.output.signature_cache
+            known = dict(signatures)
+            try:
+                with _recording(tx, effects):
+                    out = self.branch.call_function(tx, args, kwargs)
+            finally:
+                signatures.clear()
+                signatures.update(known)
+            _settle(tx, effects, self.label, self.may_write, state_rules)
+            return out
+
+    return SettlingBranch()
+
+
+_REGISTRY_DICTS = ("_buffers", "_parameters", "_modules")
+
+
+def _settle(tx, effects: _BranchEffects, label: str, may_write: bool, state_rules) -> None:
+    """Turn what the branch assigned to buffers into writes into them, put the state
+    it changed back, and refuse the rest (a ``BranchMutationError``, as eager's
+    message, through dynamo)."""
+    try:
+        writes = []
+        for seen in effects.seen.values():
+            if not _outside(seen.item):
+                continue
+            registry = _registry(seen.item.source)
+            if registry is not None and isinstance(seen.items, dict):
+                writes += _registry_changes(seen, registry, label, may_write, state_rules)
+            elif _attribute_mutation(seen.item):
+                _attribute_changes(tx, seen, label, state_rules)
+            elif seen.items is not None and _same_items(seen.item.items, seen.items):
+                continue
+            else:
+                kind = _python_type_name(seen.item)
+                state_rules.refuse_python_state(label, _describe(seen.item), kind)
+    except CondError as error:
+        raise compile_time_error(type(error), str(error)) from None
+    for buffer, new in writes:
+        buffer.call_method(tx, "copy_", [new], {})
+
+
+def _registry_changes(seen: _Seen, member: str, label: str, may_write: bool, state_rules):
+    """``(buffer, new value)`` for each buffer the branch assigned, the module's
+    ``member`` dict put back; a parameter or submodule assigned is refused."""
+    owner = _source_text(seen.item.source)
+    now = seen.item.items
+    writes = []
+    for key in [*seen.items, *(k for k in now if k not in seen.items)]:
+        old, new = seen.items.get(key), now.get(key)
+        if old is new:
+            continue
+        attr = f"{owner}.{key.vt.as_python_constant()}"
+        if old is None or new is None:
+            registered = {"_buffers": "buffer", "_parameters": "parameter"}.get(member, "submodule")
+            what = f"registers a new {registered}" if old is None else f"removes the {registered}"
+            state_rules.refuse_registration(label, attr, what)
+        if member == "_parameters":
+            state_rules.refuse_parameter(label, attr)
+        if member == "_modules":
+            state_rules.refuse_registration(label, attr, "assigns the submodule")
+        assert old is not None and new is not None  # refused above
+        old, new = old.realize(), new.realize()
+        state_rules.check_buffer_value(label, attr, _example(old), _example(new, python=True))
+        if not may_write:
+            state_rules.refuse_under_select(label, attr)
+        writes.append((old, new))
+    seen.restore_items()
+    return writes
+
+
+def _attribute_changes(tx, seen: _Seen, label: str, state_rules) -> None:
+    """Refuse an attribute the branch set, unless it set it back as it was (a flag a
+    context manager flips and restores)."""
+    now = tx.output.side_effects.store_attr_mutations.get(seen.item, {})
+    for name, value in now.items():
+        before = seen.attrs.get(name)
+        if value is before:
+            continue
+        if value.is_python_constant():
+            if before is not None and before.is_python_constant():
+                original = before.as_python_constant()
+            else:
+                original = getattr(getattr(seen.item, "value", None), name, _MISSING)
+            if original is not _MISSING and _same_constant(value.as_python_constant(), original):
+                continue
+        owner = _describe(seen.item)
+        what = name if owner is None else f"{owner}.{name}"
+        if name == "cell_contents":
+            what = "a variable it closes over" if owner is None else owner
+        state_rules.refuse_attribute(label, what, _example(value.realize(), python=True))
+
+
+_MISSING = object()
+
+
+def _same_constant(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # a comparison that raises is no proof of sameness
+        return False
+
+
+def _same_items(now, before) -> bool:
+    if isinstance(now, dict):
+        return now.keys() == before.keys() and all(now[k] is before[k] for k in now)
+    return len(now) == len(before) and all(a is b for a, b in zip(now, before))
+
+
+def _example(vt, python: bool = False):
+    """The fake tensor a tensor variable stands for; with ``python``, the Python value
+    of a constant, or the variable itself for anything else."""
+    from torch._dynamo.variables import TensorVariable
+
+    if isinstance(vt, TensorVariable):
+        return vt.as_proxy().node.meta["example_value"]
+    if python and vt.is_python_constant():
+        return vt.as_python_constant()
+    return _Unnamed(_python_type_name(vt)) if python else None
+
+
+class _Unnamed:
+    """Stands for a value in a message, by its type."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return self.kind
+
+
+def _python_type_name(vt) -> str:
+    try:
+        return vt.python_type().__name__
+    except Exception:  # a variable that does not say
+        return type(vt).__name__
+
+
+def _describe(vt) -> str | None:
+    source = getattr(vt, "source", None)
+    return None if source is None else _source_text(source)
+
+
+def _registry(source) -> str | None:
+    """``_buffers``, ``_parameters`` or ``_modules`` where ``source`` is that dict of a
+    module (``self._buffers``, or ``self.__dict__['_buffers']``), else None."""
+    member = getattr(source, "member", None)
+    if member in _REGISTRY_DICTS:
+        return member
+    index = getattr(source, "index", None)
+    if index in _REGISTRY_DICTS and getattr(source.base, "member", None) == "__dict__":
+        return index
+    return None
+
+
+def _source_text(source) -> str:
+    """``self.log``, ``self.sub.ema``, ``CACHE['k']``: a source as the user wrote it.
+    A module's registry dicts and ``__dict__`` read as the module, whose items are
+    its attributes."""
+    for name in ("local_name", "global_name"):
+        if hasattr(source, name):
+            return getattr(source, name)
+    base = getattr(source, "base", None)
+    if base is None:
+        return str(source)
+    text = _source_text(base)
+    if _registry(source) is not None:
+        return text
+    member = getattr(source, "member", None)
+    if "_export_root" in (member, getattr(source, "index", None)):
+        return "self"  # the user's module, as strict export's wrapper holds it
+    if member is not None and text.startswith("__import_"):  # a global of a module
+        return member
+    if member is not None:
+        return text if member in ("__dict__", "cell_contents") else f"{text}.{member}"
+    index = getattr(source, "index", None)
+    if isinstance(index, (str, int)):
+        attribute = getattr(base, "member", None) == "__dict__" or _registry(base) is not None
+        return f"{text}.{index}" if attribute else f"{text}[{index!r}]"
+    return text  # a module, a cell, or an item named by a key's own source
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

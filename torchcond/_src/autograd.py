@@ -436,6 +436,7 @@ def _recordable(form: Form, graphs, built_in) -> list:
 # and every higher derivative through them would be zero.
 _STOP_GRADIENT = "torchcond_stop_gradient"
 _DETACH = torch.ops.aten.detach.default
+_COPY = torch.ops.aten.copy.default
 
 
 class _Differentiated(torch.fx.Interpreter):
@@ -448,6 +449,11 @@ class _Differentiated(torch.fx.Interpreter):
         if n.meta.get(GRAD_DISABLED):
             with torch.no_grad():
                 out = super().run_node(n)
+        elif n.op == "call_function" and n.target is _COPY:
+            # Functionalization's form of ``dst.copy_(src)`` (a write into a buffer),
+            # which autograd has no derivative for; the in-place copy it stands for has.
+            dst, src = self.fetch_args_kwargs_from_env(n)[0][:2]
+            out = dst.clone().copy_(src)
         else:
             out = super().run_node(n)
         if n.op == "call_function" and n.target is _DETACH:

@@ -29,7 +29,7 @@ from .._compat import export as _compat_export
 from .._compat import inductor as _compat_inductor
 from .._compat import onnx as _compat_onnx
 from ..errors import CondArgumentError, CondError, UnsupportedCondError
-from . import distributed
+from . import distributed, state
 from .autograd import autograd_rule, functorch_rule, with_tangents
 from .batching import vmap_rule
 from .closures import trace_in_session
@@ -141,7 +141,7 @@ def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
     with mode:
         # Unbacked sizes inside a branch are the subgraph's own; the merged sizes are
         # fresh symbols of this node, so the tracer records where they come from.
-        with _compat.ignore_fresh_unbacked(mode):
+        with _compat.ignore_fresh_unbacked(mode), state.every_branch_runs():
             outs = [tuple(b(*operands)) for b in branches]
         return _merged(form, branches, outs, mode.shape_env)
 
@@ -359,7 +359,9 @@ for _form in _FORMS.values():
     _install(_form)
 
 _compat_dynamo.install(
-    {form.op: (form.constant_taken, form.labels) for form in _FORMS.values()}, _check_named_outputs
+    {form.op: (form.constant_taken, form.labels) for form in _FORMS.values()},
+    _check_named_outputs,
+    state,
 )
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
 _compat_inductor.install(cond_op, switch_op, in_place)

@@ -17,6 +17,7 @@ import torch
 from .._compat import pytree
 from .._compat.dynamo import raise_at_compile_time
 from ..errors import BranchMismatchError, CondArgumentError, CondError, UnsupportedCondError
+from .state import run_branch
 
 
 def describe_structure(spec: pytree.TreeSpec) -> str:
@@ -116,7 +117,7 @@ class FlatBranch:
     def __call__(self, *flat_operands):
         operands = pytree.tree_unflatten(list(flat_operands), self.in_spec)
         try:
-            out = self.fn(*operands)
+            out = run_branch(self.fn, self.label, operands)
         except TypeError as error:
             raise_if_arity_error(error, self.fn, self.label, operands)
             raise

@@ -36,6 +36,7 @@ from ..errors import BranchMismatchError, CondArgumentError
 from . import select_ops
 from .closures import StandIns
 from .forms import Form, python_scalar
+from .state import every_branch_runs
 from .tracing import written_back
 from .write_guard import BranchWrites, needs_grad, recording_writes
 
@@ -141,6 +142,7 @@ def run_every_branch(
         with (
             recording_writes(labels[k], inputs, writes),
             _closures_masked(mask, inputs, writes, grad_mode),
+            every_branch_runs("select"),  # a buffer assigned, Python state: refused
         ):
             outs = tuple(branch(*inputs))
         outs, new_values = writes.finish(inputs, outs)

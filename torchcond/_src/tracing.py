@@ -20,6 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import BranchMutationError
 from . import subgraph
+from .state import every_branch_runs
 
 
 class SessionGraph:
@@ -92,10 +93,10 @@ def refuse_writes_under_transform(written: Sequence[int], n_operands: int, label
         "the write changes. Differentiate with torch.autograd instead (make_fx, "
         "torch.compile and torch.export support such writes), or return the new value"
     )
-    _raise_about_write(message, written[0], n_operands, "a tensor it closes over")
+    raise_about_write(message, written[0], n_operands, "a tensor it closes over")
 
 
-def _raise_about_write(message: str, w: int, n_operands: int, closure: str) -> NoReturn:
+def raise_about_write(message: str, w: int, n_operands: int, closure: str) -> NoReturn:
     """Raise ``BranchMutationError(message)`` about input ``w``: an operand is named by
     its path (``{path}``), a lifted closure as ``closure``."""
     if w < n_operands:
@@ -275,24 +276,51 @@ def trace_branches(
     ``lift_also(value)``: a tensor the enclosing trace does not know that is a
     closure all the same (a stand-in for a batched tensor, closures.py).
     """
-    traced = [trace_lifting(b, operands, parent_tracer, lift_also=lift_also) for b in branches]
-    lifted: dict[int, object] = {}
-    for _, branch_lifted in traced:
-        for value, _node in branch_lifted:
-            lifted.setdefault(_lift_key(value), value)
+    with every_branch_runs(), _real_constants_kept(_compat.fake_mode_of(operands) is not None):
+        traced = [trace_lifting(b, operands, parent_tracer, lift_also=lift_also) for b in branches]
+        lifted: dict[int, object] = {}
+        for _, branch_lifted in traced:
+            for value, _node in branch_lifted:
+                lifted.setdefault(_lift_key(value), value)
 
-    graphs = [gm for gm, _ in traced]
-    for gm, branch_lifted in traced:
-        _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
-    every_operand = tuple(operands) + tuple(lifted.values())
-    graphs, written = _writes_as_outputs(
-        graphs, every_operand, len(operands), labels, parent_tracer, functional
-    )
+        graphs = [gm for gm, _ in traced]
+        for gm, branch_lifted in traced:
+            _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
+        every_operand = tuple(operands) + tuple(lifted.values())
+        graphs, written = _writes_as_outputs(
+            graphs, every_operand, len(operands), labels, parent_tracer, functional
+        )
     _refuse_writes_under_derivative(written, len(operands), labels)
     return Traced(
         every_operand,
         session_graphs(graphs, labels, len(operands), parent_tracer, functional, written),
     )
+
+
+# While branches are traced on fake tensors: the real tensors they close over (with
+# one element: fake tensors refuse larger ones), each with its value before.
+_REAL_CONSTANTS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "torchcond_real_constants", default=None
+)
+
+
+@contextlib.contextmanager
+def _real_constants_kept(fake: bool):
+    """A trace on fake tensors writes nothing real: make_fx computes an op on real
+    one-element tensors for real, so a branch's write to one it closes over would
+    land while every branch is traced. Their values are put back afterwards."""
+    if not fake:
+        yield
+        return
+    kept: list = []
+    token = _REAL_CONSTANTS.set(kept)
+    try:
+        yield
+    finally:
+        _REAL_CONSTANTS.reset(token)
+        with _compat.disable_proxy_modes_tracing(), _compat.every_mode_set_aside():
+            for tensor, value in reversed(kept):
+                tensor.copy_(value)
 
 
 def _writes_as_outputs(
@@ -361,13 +389,14 @@ def _check_writable(operands: tuple, n_operands: int, written, labels, writes) -
         elif _compat.is_real_tensor(target) and _compat.fake_mode_of(operands) is not None:
             why = (
                 "a real tensor in a trace on fake tensors: the traced program holds it as "
-                "a constant and cannot write to it. Pass it as an operand, or make it a "
-                "buffer of the module being traced"
+                "a constant, which a branch's write cannot reach as a written-back value. "
+                "Pass it as an operand, or register it as a buffer of the module "
+                "(torch.export traces buffers as inputs and writes them back)"
             )
         else:
             continue
         closure = f"a tensor it closes over (shape {tuple(target.shape)})"
-        _raise_about_write(f"{label} writes in place to {{path}}, {why}", w, n_operands, closure)
+        raise_about_write(f"{label} writes in place to {{path}}, {why}", w, n_operands, closure)
 
 
 def session_graphs(
@@ -509,6 +538,10 @@ class _LiftingTracker:
             # A plain tensor attribute or global: a constant of the whole program. It
             # is lifted too, so the enclosing graph owns it (export lifts constants).
             name = "closed_over_constant"
+            kept = _REAL_CONSTANTS.get()
+            if kept is not None:
+                with _compat.disable_proxy_modes_tracing(), _compat.every_mode_set_aside():
+                    kept.append((key, key.clone()))
         else:
             return None
         graph = self._sub.graph

@@ -1,0 +1,500 @@
+"""What a branch may change outside itself, and how a traced conditional carries it.
+
+Eagerly a conditional is a Python ``if``, so a branch may change anything. Traced,
+every branch runs once, while the trace is made, and the program only replays
+tensor operations. So:
+
+* A registered buffer the branch assigns (``self.ema = self.ema * 0.9 + x``,
+  ``self.steps += 1``) becomes a write of the new value into the buffer, which the
+  conditional already carries as it carries ``add_``/``copy_``: only the taken
+  branch's value lands, on every call. The new value must fit the buffer (shape,
+  dtype, device).
+* Anything else a traced program cannot replay (a tensor attribute that is no
+  buffer, a parameter rebound, a list appended to, an int attribute set) is refused
+  with a ``BranchMutationError`` naming the attribute or object and the branch.
+
+Under dynamo (``torch.compile``, strict export) the changes are dynamo's side
+effects, settled by ``_compat/dynamo.py`` with the rules below. Where a branch is
+traced as Python (``make_fx``, non-strict export), ``settled`` watches it: a
+buffer's binding is put back and the new value written into it, in the trace; the
+state of the modules, containers and variables the branch reaches is compared
+before and after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import types
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .. import _compat
+from ..errors import BranchMutationError
+
+# --- the rules, shared by every way a branch is traced -------------------------------
+
+
+def _tensor_text(t) -> str:
+    shape = tuple(t.shape)
+    return f"a tensor of shape {shape}, {t.dtype}, on {t.device}"
+
+
+def _found_text(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return _tensor_text(value)
+    if value is None:
+        return "None"
+    return f"{type(value).__name__} ({value!r})" if _short(value) else type(value).__name__
+
+
+def _short(value) -> bool:
+    return isinstance(value, (bool, int, float, str)) and len(repr(value)) <= 40
+
+
+_REPLAY = (
+    "a traced conditional runs every branch while it is traced, taken or not (as "
+    "strategy='select' does on every call), and the traced program replays only tensor "
+    "operations"
+)
+
+
+def check_buffer_value(label: str, attr: str, buffer, value) -> None:
+    """Raise unless ``value`` (assigned to the buffer ``attr``) can be written into
+    ``buffer``: a tensor of the same shape, dtype and device."""
+    if isinstance(value, torch.Tensor) and (
+        value.dtype == buffer.dtype
+        and value.device == buffer.device
+        and value.dim() == buffer.dim()
+        and all(statically_known_true(a == b) for a, b in zip(value.shape, buffer.shape))
+    ):
+        return
+    raise BranchMutationError(
+        f"{label} assigns {_found_text(value)} to the buffer {attr}, which is "
+        f"{_tensor_text(buffer)}: {_REPLAY}, so the assignment becomes a write of the "
+        "taken branch's value into the buffer, which needs the same shape, dtype and "
+        f"device. Assign a value that fits (or write into {attr} in place), or return "
+        "the value from the branch and assign it after the call"
+    )
+
+
+def refuse_attribute(label: str, attr: str, value) -> NoReturn:
+    """A branch sets ``attr`` (``self.n``), which is no registered buffer, to ``value``."""
+    if isinstance(value, torch.Tensor):
+        raise BranchMutationError(
+            f"{label} assigns {_found_text(value)} to {attr}, which is not a registered "
+            f"buffer or parameter: {_REPLAY}, and it carries a module's tensor state "
+            f"through its buffers. Register {attr} as a buffer (register_buffer), so "
+            "that assigning it writes the taken branch's value into it, write into an "
+            "existing buffer in place, or return the value from the branch and assign "
+            "it after the call"
+        )
+    raise BranchMutationError(
+        f"{label} sets {attr} to {_found_text(value)}: {_REPLAY}, so it cannot set "
+        "Python attributes as only the taken branch would. Keep the state in a "
+        "registered buffer (a tensor the branch assigns or writes in place), or return "
+        f"a value from the branch and set {attr} after the call"
+    )
+
+
+def refuse_variable(label: str, name: str, value) -> NoReturn:
+    """A branch rebinds ``name``, a variable it closes over or a global."""
+    fix = (
+        f"write into {name} in place ({name}.copy_(...)), which the conditional carries"
+        if isinstance(value, torch.Tensor)
+        else "keep the state in a registered buffer"
+    )
+    raise BranchMutationError(
+        f"{label} sets {name}, a variable outside it, to {_found_text(value)}: {_REPLAY}, "
+        f"so it cannot rebind variables as only the taken branch would. Instead {fix}, "
+        f"or return the value from the branch and set {name} after the call"
+    )
+
+
+def refuse_parameter(label: str, attr: str) -> NoReturn:
+    raise BranchMutationError(
+        f"{label} assigns the parameter {attr}: {_REPLAY}, and a program cannot make a "
+        f"new parameter. Write into {attr} in place under torch.no_grad() "
+        f"({attr}.copy_(...)), or return the value from the branch"
+    )
+
+
+def refuse_registration(label: str, attr: str, what: str) -> NoReturn:
+    """A branch adds or removes a buffer, parameter or submodule."""
+    raise BranchMutationError(
+        f"{label} {what} {attr}: {_REPLAY}, and a program cannot change which buffers, "
+        "parameters and submodules a module has. Register it before the call (in "
+        "__init__), and assign or write into it in the branch"
+    )
+
+
+def refuse_python_state(label: str, what: str | None, kind: str) -> NoReturn:
+    """A branch changes ``what`` (``self.log``, a ``kind`` such as ``list``; None for
+    one that has no name), in a way no traced program replays."""
+    thing = f"{what} (a {kind})" if what is not None else f"a {kind} from outside it"
+    later = what if what is not None else "it"
+    raise BranchMutationError(
+        f"{label} changes {thing}: {_REPLAY}, so the change would happen whether or not "
+        f"{label} is taken, and not as the program runs. Keep the state in a "
+        "registered buffer (a tensor the branch assigns or writes in place), or return "
+        f"a value from the branch and update {later} after the call"
+    )
+
+
+def refuse_deletion(label: str, attr: str) -> NoReturn:
+    raise BranchMutationError(
+        f"{label} deletes {attr}: {_REPLAY}, so it cannot delete attributes as only the "
+        f"taken branch would. Return a value from the branch and delete {attr} after "
+        "the call"
+    )
+
+
+def refuse_under_select(label: str, attr: str) -> NoReturn:
+    """A buffer assigned in a branch that runs whether or not it is taken."""
+    raise BranchMutationError(
+        f"{label} assigns the buffer {attr} in a branch that runs whether or not it is "
+        "taken (strategy='select', or vmap with a per-example predicate), where a write "
+        "outside the branch has no value to select. Return the value from the branch "
+        "and assign it after the call"
+    )
+
+
+# --- branches traced as Python: make_fx, non-strict export ---------------------------
+
+# Set while the branches of a conditional run whether or not they are taken: "trace"
+# (make_fx, non-strict export, fake tensors) or "select" (they run for real and a
+# select picks their outputs).
+_EVERY_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "torchcond_every_branch", default=None
+)
+
+
+@contextlib.contextmanager
+def every_branch_runs(how: str = "trace") -> Iterator[None]:
+    """Around code that runs every branch of a conditional, taken or not: the user's
+    branches run under it are watched (``run_branch``). Under dynamo, which cannot
+    set a context variable, nothing: dynamo speculated the branches first (api's
+    select path) and settled what they change there (_compat/dynamo.py)."""
+    if _compat.is_dynamo_compiling():
+        yield
+        return
+    token = _EVERY_BRANCH.set(how)
+    try:
+        yield
+    finally:
+        _EVERY_BRANCH.reset(token)
+
+
+def run_branch(fn: Callable, label: str, operands) -> object:
+    """``fn(*operands)``, a user's branch. Where every branch runs, a buffer it assigns
+    keeps its binding and takes the new value in place (in the trace, where it is
+    traced), and what else it changes outside itself is put back and refused."""
+    if _compat.is_dynamo_compiling():  # as for every_branch_runs
+        return fn(*operands)
+    how = _EVERY_BRANCH.get()
+    if how is None:
+        return fn(*operands)
+    watch = _Watch(fn, label)
+    with _compat.only_buffer_registration_hook(watch.assigned):
+        try:
+            out = fn(*operands)
+        except BaseException:
+            watch.restore()
+            raise
+    for buffer, value in watch.settle(under_select=how == "select"):
+        buffer.copy_(value)
+    return out
+
+
+_MISSING = object()
+
+
+class _Watch:
+    """The state one branch can reach, as it was before the branch ran."""
+
+    def __init__(self, fn: Callable, label: str):
+        self.label = label
+        self.states = _reachable(fn)
+        self.names = {id(s.module): s.text for s in self.states if isinstance(s, _ModuleState)}
+        # (id(module), name) -> (module, name, the buffer before the branch, or _MISSING)
+        self.buffers: dict[tuple[int, str], tuple[torch.nn.Module, str, Any]] = {}
+
+    def assigned(self, module: torch.nn.Module, name: str, value) -> None:
+        """A buffer registration hook: ``module.name = value`` for a buffer."""
+        key = (id(module), name)
+        if key not in self.buffers:
+            self.buffers[key] = (module, name, module._buffers.get(name, _MISSING))
+
+    def settle(self, under_select: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(buffer, new value)`` for each buffer the branch assigned; everything the
+        branch changed is put back first, and a change no write carries refused."""
+        for state in self.states:
+            if isinstance(state, _ModuleState):
+                for name in state.rebound_buffers():
+                    self.buffers.setdefault(
+                        (id(state.module), name),
+                        (state.module, name, state.buffers.get(name, _MISSING)),
+                    )
+        writes, error = [], None
+        try:
+            for module, name, old in self.buffers.values():
+                new = module._buffers.get(name, _MISSING)
+                if new is not old:
+                    writes.append(self._buffer_write(module, name, old, new, under_select))
+            for state in self.states:
+                state.check(self.label)
+        except BranchMutationError as refused:
+            error = refused
+        self.restore()
+        if error is not None:
+            raise error
+        return writes
+
+    def _buffer_write(self, module, name: str, old, new, under_select: bool):
+        owner = self.names.get(id(module), type(module).__name__)
+        attr = f"{owner}.{name}"
+        if old is _MISSING or old is None:
+            refuse_registration(self.label, attr, "registers a new buffer")
+        if new is _MISSING:
+            refuse_registration(self.label, attr, "removes the buffer")
+        check_buffer_value(self.label, attr, old, new)
+        if under_select:
+            refuse_under_select(self.label, attr)
+        return old, new
+
+    def restore(self) -> None:
+        for module, name, old in self.buffers.values():
+            if old is _MISSING:
+                module._buffers.pop(name, None)
+            else:
+                module._buffers[name] = old
+        for state in self.states:
+            state.restore()
+
+
+# A module's own bookkeeping in its __dict__ (hooks, registries, ``training``): not
+# state a branch sets.
+_BOOKKEEPING = frozenset(torch.nn.Module().__dict__) | {"_initialize_hook", "_load_hook"}
+_REGISTRIES = ("_parameters", "_buffers", "_modules")
+_CONTAINERS = (list, dict, set)
+
+
+def _contents(value):
+    return value.copy() if isinstance(value, _CONTAINERS) else None
+
+
+def _same_contents(value, before) -> bool:
+    if isinstance(value, dict):
+        return value.keys() == before.keys() and all(value[k] is before[k] for k in value)
+    if isinstance(value, list):
+        return len(value) == len(before) and all(a is b for a, b in zip(value, before))
+    return len(value) == len(before) and all(v in before for v in value)
+
+
+def _put_back(value, before) -> None:
+    if isinstance(value, list):
+        value[:] = before
+    else:
+        value.clear()
+        value.update(before)
+
+
+class _ObjectState:
+    """The attributes (``vars``) of a module or a user object a branch reaches, and the
+    contents of the lists, dicts and sets among them."""
+
+    def __init__(self, text: str, obj):
+        self.text = text
+        self.obj = obj
+        self.attrs = {k: v for k, v in vars(obj).items() if self._watched(k)}
+        self.contents = {k: _contents(v) for k, v in self.attrs.items()}
+
+    def _watched(self, name: str) -> bool:
+        return True
+
+    def _now(self) -> dict:
+        return {k: v for k, v in vars(self.obj).items() if self._watched(k)}
+
+    def check(self, label: str) -> None:
+        now = self._now()
+        for name in [*self.attrs, *(k for k in now if k not in self.attrs)]:
+            attr = f"{self.text}.{name}"
+            if name not in now:
+                refuse_deletion(label, attr)
+            value = now[name]
+            if name not in self.attrs or value is not self.attrs[name]:
+                refuse_attribute(label, attr, value)
+            before = self.contents[name]
+            if before is not None and not _same_contents(value, before):
+                refuse_python_state(label, attr, type(value).__name__)
+
+    def restore(self) -> None:
+        attrs = vars(self.obj)
+        for name in [k for k in attrs if self._watched(k) and k not in self.attrs]:
+            del attrs[name]
+        for name, value in self.attrs.items():
+            attrs[name] = value
+            before = self.contents[name]
+            if before is not None and not _same_contents(value, before):
+                _put_back(value, before)
+
+
+class _ModuleState(_ObjectState):
+    """An ``nn.Module``'s attributes, and its registered parameters, buffers and
+    submodules. The private attributes of torch's own modules are their caches
+    (an LSTM's ``_flat_weights``), left to them."""
+
+    def __init__(self, text: str, module: torch.nn.Module):
+        self.module = module
+        self._builtin = type(module).__module__.startswith("torch.")
+        super().__init__(text, module)
+        self.registries = {r: dict(getattr(module, r)) for r in _REGISTRIES}
+        self.buffers = self.registries["_buffers"]
+
+    def _watched(self, name: str) -> bool:
+        return name not in _BOOKKEEPING and not (self._builtin and name.startswith("_"))
+
+    def rebound_buffers(self) -> list[str]:
+        now = self.module._buffers
+        names = [*self.buffers, *(k for k in now if k not in self.buffers)]
+        return [k for k in names if now.get(k, _MISSING) is not self.buffers.get(k, _MISSING)]
+
+    def check(self, label: str) -> None:
+        for registry, kind in (("_parameters", "parameter"), ("_modules", "submodule")):
+            before, now = self.registries[registry], getattr(self.module, registry)
+            for name in [*before, *(k for k in now if k not in before)]:
+                if now.get(name, _MISSING) is before.get(name, _MISSING):
+                    continue
+                attr = f"{self.text}.{name}"
+                if name not in before:
+                    refuse_registration(label, attr, f"registers a new {kind}")
+                if name not in now:
+                    refuse_registration(label, attr, f"removes the {kind}")
+                if kind == "parameter":
+                    refuse_parameter(label, attr)
+                refuse_registration(label, attr, "assigns the submodule")
+        super().check(label)
+
+    def restore(self) -> None:
+        for registry, before in self.registries.items():
+            now = getattr(self.module, registry)
+            if now.keys() != before.keys() or any(now[k] is not before[k] for k in now):
+                now.clear()
+                now.update(before)
+        super().restore()
+
+
+class _VariableState:
+    """A variable a branch's code closes over (a cell) or names as a global, and the
+    contents of the list, dict or set it holds."""
+
+    def __init__(self, text: str, get: Callable, put: Callable):
+        self.text = text
+        self.get, self.put = get, put
+        self.value = get()
+        self.contents = _contents(self.value)
+
+    def check(self, label: str) -> None:
+        value = self.get()
+        if value is not self.value:
+            refuse_variable(label, self.text, value)
+        if self.contents is not None and not _same_contents(value, self.contents):
+            refuse_python_state(label, self.text, type(value).__name__)
+
+    def restore(self) -> None:
+        if self.get() is not self.value:
+            self.put(self.value)
+        if self.contents is not None and not _same_contents(self.value, self.contents):
+            _put_back(self.value, self.contents)
+
+
+def _cell(cell) -> tuple[Callable, Callable]:
+    def put(value):
+        cell.cell_contents = value
+
+    return (lambda: cell.cell_contents), put
+
+
+def _global(namespace: dict, name: str) -> tuple[Callable, Callable]:
+    def put(value):
+        namespace[name] = value
+
+    return (lambda: namespace[name]), put
+
+
+_LIBRARIES = ("torch", "torchcond", "functools", "builtins", "typing", "contextlib")
+
+
+def _user_code(value) -> bool:
+    module = getattr(value, "__module__", None) or ""
+    return module.split(".")[0] not in _LIBRARIES
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _global_names(const)
+
+
+_MAX_DEPTH = 4  # functions followed through closures and globals
+
+
+def _reachable(fn: Callable) -> list:
+    """The state ``fn`` can reach through what it closes over, its ``self``, its
+    default arguments and the globals its code names, following functions a few
+    levels deep: modules (and their submodules), user objects, variables and the
+    containers they hold."""
+    states: list = []
+    seen: set[int] = set()
+
+    def visit(value, text: str, depth: int) -> None:
+        if id(value) in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.nn.Module):
+            for name, module in value.named_modules():
+                if name == "" or id(module) not in seen:
+                    seen.add(id(module))
+                    states.append(_ModuleState(f"{text}.{name}" if name else text, module))
+        elif isinstance(value, types.MethodType):
+            visit(value.__self__, "self", depth)
+            visit(value.__func__, text, depth)
+        elif isinstance(value, types.FunctionType):
+            visit_function(value, depth)
+        elif isinstance(value, functools.partial):
+            for part in (value.func, *value.args, *value.keywords.values()):
+                visit(part, text, depth + 1)
+        elif callable(value) and not _user_code(type(value)) and hasattr(value, "__dict__"):
+            for name, part in vars(value).items():  # torchcond's wrappers of a branch
+                visit(part, name, depth + 1)
+        elif _user_code(type(value)) and hasattr(value, "__dict__") and not isinstance(value, type):
+            states.append(_ObjectState(text, value))
+
+    def visit_function(fn: types.FunctionType, depth: int) -> None:
+        user = _user_code(fn)
+        code = fn.__code__
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # not bound yet
+                continue
+            if user:
+                states.append(_VariableState(name, *_cell(cell)))
+            visit(contents, name, depth + 1)
+        for default in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
+            visit(default, "a default argument", depth + 1)
+        if not user:
+            return
+        namespace = fn.__globals__
+        for name in dict.fromkeys(_global_names(code)):
+            if name in namespace and not isinstance(namespace[name], types.ModuleType):
+                states.append(_VariableState(name, *_global(namespace, name)))
+                visit(namespace[name], name, depth + 1)
+
+    visit(fn, getattr(fn, "__name__", "the branch"), 0)
+    return states
