@@ -309,6 +309,38 @@ def test_select_strategy_compiles_with_inductor_without_a_host_branch():
     assert "torchcond.select" in code and "torchcond.select_n" in code
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap_grad"])
+def test_select_strategy_under_torch_func_transforms(backend, transform):
+    # Compiled code calls the select operator itself: its derivative under each
+    # transform must be the Python if's (it was a zero tangent under jvp, and an error
+    # about autograd.Function's setup_context under grad).
+    def f(x, p):
+        return cond(p, torch.sin, torch.cos, (x,), strategy="select")
+
+    def python_if(x, p):
+        return torch.sin(x) if bool(p) else torch.cos(x)
+
+    def transformed(f):
+        if transform == "grad":
+            return torch.func.grad(lambda x, p: f(x, p).sum())
+        if transform == "jvp":
+            return lambda x, p: torch.func.jvp(lambda x: f(x, p), (x,), (torch.ones_like(x),))
+        return torch.vmap(torch.func.grad(f))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(transformed(f), backend=backend, fullgraph=True)
+    x = torch.tensor([0.8, 0.3])
+    for taken in (True, False):
+        if transform == "vmap_grad":  # a predicate per example
+            p = torch.tensor([taken, not taken])
+            want = torch.stack([torch.func.grad(python_if)(x[i], p[i]) for i in range(2)])
+        else:
+            p = torch.tensor(taken)
+            want = transformed(python_if)(x, p)
+        torch.testing.assert_close(compiled(x, p), want)
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_select_strategy_refuses_writes_under_compile(backend):
     """Every branch runs under strategy="select": a write would land even when untaken."""

@@ -565,6 +565,16 @@ def transforms_active() -> bool:
     return _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0
 
 
+def torch_func_level_active() -> bool:
+    """True while a torch.func transform's level is active (forward AD alone does not count).
+
+    There an ``autograd.Function`` applied from inside an operator's Autograd kernel
+    has no kernel to run (``custom_function_call`` dispatches on the transform's
+    interpreter, already left). Checked on 2.11, 2.13, 2.14 and 2.15.
+    """
+    return _peek_interpreter_stack() is not None
+
+
 # --- dispatch modes that trace nothing (modes.py) --------------------------------------
 # At the Python key, HigherOrderOperator.dispatch looks a mode's rule up by the mode's
 # exact type (``python_key_table``); a mode without one gets the operator in its
