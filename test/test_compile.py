@@ -309,6 +309,24 @@ def test_select_strategy_compiles_with_inductor_without_a_host_branch():
     assert "torchcond.select" in code and "torchcond.select_n" in code
 
 
+@pytest.mark.parametrize("op", ["cond", "switch"])
+def test_a_branch_making_a_tensor_constant_compiles_with_inductor(op):
+    # The constant becomes an operand of the branches; Inductor's fake-tensor updater
+    # refused its real value beside the operand's fake one.
+    branches = [lambda x: torch.tensor(2.0), torch.sqrt, lambda x: torch.full_like(x, 3.0)]
+
+    def f(x, s):
+        if op == "cond":
+            return cond(s > 0, branches[0], branches[1], (x,))
+        return switch(s, branches, (x,))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="inductor", fullgraph=True)
+    for s in (0, 1, 2):
+        x, selector = torch.tensor(0.5), torch.tensor(s)
+        torch.testing.assert_close(compiled(x, selector), f(x, selector))
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("transform", ["grad", "jvp", "vmap_grad"])
 def test_select_strategy_under_torch_func_transforms(backend, transform):
