@@ -274,6 +274,21 @@ def same_size(a, b) -> bool:
     return SymIntEqByExpr(a) == SymIntEqByExpr(b)
 
 
+def assume_same_size(a, b) -> bool:
+    """Whether sizes ``a`` and ``b`` may be equal: False when they are known to differ;
+    otherwise True, and equal they must be from here on, for the shape env, and at run
+    time where a trace records its assertions (two sizes made from data, which no
+    trace can compare). ``guard_or_true`` and ``torch._check`` exist on 2.11-2.15."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true
+
+    if statically_known_true(a == b):
+        return True
+    if not guard_or_true(a == b):
+        return False
+    torch._check(a == b)
+    return True
+
+
 def definitely_contiguous(t: torch.Tensor) -> bool:
     from torch.fx.experimental.symbolic_shapes import guard_or_false
 

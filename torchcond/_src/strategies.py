@@ -262,20 +262,31 @@ def _check_selectable(labels, outputs) -> None:
                 f"{labels[0]} returns {len(outputs[0])}, {label} returns {len(outs)}"
             )
         for j, (first, other) in enumerate(zip(outputs[0], outs)):
-            for what, a, b in (
-                ("shape", tuple(first.shape), tuple(other.shape)),
-                ("dtype", first.dtype, other.dtype),
-                ("device", first.device, other.device),
+            for what, same in (
+                ("shape", _same_shape(first, other)),
+                ("dtype", first.dtype == other.dtype),
+                ("device", first.device == other.device),
             ):
-                if a != b:
+                if not same:
                     raise BranchMismatchError.at(
                         "output",
                         j,
                         "{path}: every branch runs and each element is selected on the "
                         "device (strategy='select', or vmap with a per-example "
                         f"selector), so branches must agree on {what}: {labels[0]} "
-                        f"gives {a}, {label} gives {b}",
+                        f"gives {_described(first, what)}, {label} gives "
+                        f"{_described(other, what)}",
                     )
+
+
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes; sizes a trace cannot compare (made from data) are assumed equal,
+    and asserted at run time."""
+    return a.dim() == b.dim() and all(map(_compat.assume_same_size, a.shape, b.shape))
+
+
+def _described(t: torch.Tensor, what: str):
+    return tuple(t.shape) if what == "shape" else getattr(t, what)
 
 
 def _masked(mask: torch.Tensor, operands, guarded) -> list:
