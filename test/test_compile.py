@@ -359,6 +359,55 @@ def test_select_strategy_under_torch_func_transforms(backend, transform):
         torch.testing.assert_close(compiled(x, p), want)
 
 
+@pytest.mark.parametrize("closed_over", [False, True])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_select_strategy_gradient_under_torch_func_grad_has_no_nan(backend, closed_over):
+    # sqrt's derivative at 0 is infinite: the untaken branch's inputs are read through
+    # a select so that it cannot reach the gradient. Dynamo shows a tensor that
+    # torch.func.grad differentiates as not requiring grad, which skipped that select.
+    def f(x, p):
+        if closed_over:
+            branches = (lambda: torch.tensor(2.0), lambda: torch.sqrt(x))
+            return cond(p, *branches, (), strategy="select")
+        return cond(p, lambda x: torch.tensor(2.0), torch.sqrt, (x,), strategy="select")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.func.grad(f), backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(torch.tensor(0.0), torch.tensor(True)), torch.tensor(0.0))
+
+
+@pytest.mark.parametrize("inner", ["auto", "select"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_select_strategy_with_a_conditional_in_a_branch(backend, inner):
+    # Dynamo traces the select's branches inline, under a mode that reads closed-over
+    # tensors; the inner conditional's branches cannot enter it, nor speculate in it.
+    def f(x, y, p, q):
+        def true_fn(x):
+            return cond(q, lambda x: x * y.sqrt(), torch.cos, (x,), strategy=inner)
+
+        return cond(p, true_fn, lambda x: 2 * x, (x,), strategy="select")
+
+    def python_if(x, y, p, q):
+        if not p:
+            return 2 * x
+        return x * y.sqrt() if q else torch.cos(x)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    for p, q in itertools.product([True, False], repeat=2):
+        # y = 0: sqrt's derivative is infinite, which must not reach y's gradient
+        # (as NaN) from a branch that is not taken.
+        x, y = torch.tensor(0.7, requires_grad=True), torch.tensor(0.0, requires_grad=True)
+        args = (torch.tensor(p), torch.tensor(q))
+        out = compiled(x, y, *args)
+        got = torch.autograd.grad(out, (x, y), allow_unused=True, materialize_grads=True)
+        want_out = python_if(x, y, *args)
+        want = torch.autograd.grad(want_out, (x, y), allow_unused=True, materialize_grads=True)
+        torch.testing.assert_close((out, *got), (want_out, *want))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, y, *args), python_if(x, y, *args))
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_select_strategy_refuses_writes_under_compile(backend):
     """Every branch runs under strategy="select": a write would land even when untaken."""

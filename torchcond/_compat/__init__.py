@@ -80,11 +80,19 @@ __all__ = [
 # path can test "maybe tracing" without a Python frame (2.11-2.15).
 len_dispatch_stack = torch._C._len_torch_dispatch_stack
 len_function_stack = torch._C._len_torch_function_stack
+# A context in which no torch-function mode or subclass sees a call; dynamo traces it
+# (2.11-2.15).
+torch_function_disabled = torch._C.DisableTorchFunction
 _tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
 _PRE_DISPATCH = DispatchKey.PreDispatch
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_batched = torch._C._functorch.is_batchedtensor
 _functorch_unwrap = torch._C._functorch.get_unwrapped
+
+
+def hop_name(op: HigherOrderOperator) -> str:
+    """``op.name()``, which dynamo cannot call, as the attribute it returns (2.11-2.15)."""
+    return op._name
 
 
 def below_autograd():
@@ -576,8 +584,20 @@ def transforms_active() -> bool:
     One C call and one attribute read: the select fast path asks it once per call
     instead of inspecting every tensor. Checked on 2.11, 2.13, 2.14 and 2.15
     (``peek_interpreter_stack`` exists since 2.0, ``forward_ad._current_level`` since 1.9).
+    Dynamo reads any interpreter stack as an object, so it asks the stack itself.
     """
-    return _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0
+    if _peek_interpreter_stack() is not None:  # always an object to dynamo: asked below
+        return not torch.compiler.is_dynamo_compiling() or _traced_under_a_transform()
+    return _forward_ad._current_level >= 0
+
+
+def _traced_under_a_transform() -> bool:
+    """Under dynamo, which calls it while it traces (marked below): whether a torch.func
+    level is active, the transforms' it traces and those around the compiled call."""
+    return _peek_interpreter_stack() is not None
+
+
+_traced_under_a_transform._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def torch_func_level_active() -> bool:

@@ -165,17 +165,18 @@ class _Mask:
 
     def __init__(self, first: torch.Tensor, which: torch.Tensor | None, k: int):
         self.first, self.which, self.k = first, which, k
-        self.value: torch.Tensor | None = None
+        # A list, not an attribute set later: see pytrees.Outputs.
+        self.value: list[torch.Tensor] = []
 
     def __call__(self) -> torch.Tensor:
-        if self.value is None:
+        if not self.value:
             if self.k == 0:
-                self.value = self.first
+                self.value.append(self.first)
             elif self.which is None:
-                self.value = ~self.first
+                self.value.append(~self.first)
             else:
-                self.value = self.which == self.k
-        return self.value
+                self.value.append(self.which == self.k)
+        return self.value[0]
 
 
 def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool):
