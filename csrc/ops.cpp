@@ -6,6 +6,7 @@
 // autograd and vmap rules are registered from Python, in torchcond/_src/select_ops.py; the
 // fake kernels check their arguments with the kernels' own checks (select_common.h),
 // which this module exposes to Python as _check_select and _check_select_n.
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -16,7 +17,7 @@ namespace torchcond {
 // Bumped whenever a schema below or a function of torchcond._C changes.
 // torchcond/_extension.py compares it with its ABI_VERSION when torchcond is imported,
 // so a library left from another checkout fails the import with what to rebuild.
-constexpr int64_t kAbiVersion = 3;
+constexpr int64_t kAbiVersion = 4;
 
 int64_t abi_version() { return kAbiVersion; }
 
@@ -29,7 +30,7 @@ bool built_with_cuda() {
 }
 
 TORCH_LIBRARY(torchcond, m) {
-  // Python registrations (register_fake, register_autograd, register_vmap) for the
+  // Python registrations (fake, Autograd and vmap kernels) for the
   // ops below live in this module; torch asks for it to be imported when needed.
   m.set_python_module("torchcond._src.select_ops");
   m.def("abi_version() -> int", &abi_version);
@@ -40,6 +41,19 @@ TORCH_LIBRARY(torchcond, m) {
   // out[i] = cases[k * n_out + i] with k = clamp(index, 0, num_branches - 1). Errors
   // name a value cases[k][i], as torchcond.select_n's nested argument does.
   m.def("select_n(Tensor index, Tensor[] cases, int num_branches) -> Tensor[]");
+}
+
+// Whether the operators' Autograd kernel must differentiate: grad mode is on and a
+// value requires grad, or a value has a forward-mode tangent. The tangent is read as
+// torch's own autograd kernels read it (level 0, the only one torch allows at a time);
+// Python has no such query that costs no view, and forward_ad's level counter misses
+// levels a compiled or exported graph enters.
+bool needs_derivative(const std::vector<at::Tensor>& values) {
+  const bool grad = at::GradMode::is_enabled();
+  for (const at::Tensor& v : values) {
+    if ((grad && v.requires_grad()) || v._fw_grad(/*level=*/0).defined()) return true;
+  }
+  return false;
 }
 
 }  // namespace torchcond
@@ -60,4 +74,5 @@ PYBIND11_MODULE(_C, m) {
         torchcond::check_select_n(index, cases, num_branches);
       },
       pybind11::arg("index"), pybind11::arg("cases"), pybind11::arg("num_branches"));
+  m.def("_needs_derivative", &torchcond::needs_derivative, pybind11::arg("values"));
 }

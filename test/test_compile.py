@@ -309,6 +309,105 @@ def test_select_strategy_compiles_with_inductor_without_a_host_branch():
     assert "torchcond.select" in code and "torchcond.select_n" in code
 
 
+@pytest.mark.parametrize("op", ["cond", "switch"])
+def test_a_branch_making_a_tensor_constant_compiles_with_inductor(op):
+    # The constant becomes an operand of the branches; Inductor's fake-tensor updater
+    # refused its real value beside the operand's fake one.
+    branches = [lambda x: torch.tensor(2.0), torch.sqrt, lambda x: torch.full_like(x, 3.0)]
+
+    def f(x, s):
+        if op == "cond":
+            return cond(s > 0, branches[0], branches[1], (x,))
+        return switch(s, branches, (x,))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="inductor", fullgraph=True)
+    for s in (0, 1, 2):
+        x, selector = torch.tensor(0.5), torch.tensor(s)
+        torch.testing.assert_close(compiled(x, selector), f(x, selector))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap_grad"])
+def test_select_strategy_under_torch_func_transforms(backend, transform):
+    # Compiled code calls the select operator itself: its derivative under each
+    # transform must be the Python if's (it was a zero tangent under jvp, and an error
+    # about autograd.Function's setup_context under grad).
+    def f(x, p):
+        return cond(p, torch.sin, torch.cos, (x,), strategy="select")
+
+    def python_if(x, p):
+        return torch.sin(x) if bool(p) else torch.cos(x)
+
+    def transformed(f):
+        if transform == "grad":
+            return torch.func.grad(lambda x, p: f(x, p).sum())
+        if transform == "jvp":
+            return lambda x, p: torch.func.jvp(lambda x: f(x, p), (x,), (torch.ones_like(x),))
+        return torch.vmap(torch.func.grad(f))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(transformed(f), backend=backend, fullgraph=True)
+    x = torch.tensor([0.8, 0.3])
+    for taken in (True, False):
+        if transform == "vmap_grad":  # a predicate per example
+            p = torch.tensor([taken, not taken])
+            want = torch.stack([torch.func.grad(python_if)(x[i], p[i]) for i in range(2)])
+        else:
+            p = torch.tensor(taken)
+            want = transformed(python_if)(x, p)
+        torch.testing.assert_close(compiled(x, p), want)
+
+
+@pytest.mark.parametrize("closed_over", [False, True])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_select_strategy_gradient_under_torch_func_grad_has_no_nan(backend, closed_over):
+    # sqrt's derivative at 0 is infinite: the untaken branch's inputs are read through
+    # a select so that it cannot reach the gradient. Dynamo shows a tensor that
+    # torch.func.grad differentiates as not requiring grad, which skipped that select.
+    def f(x, p):
+        if closed_over:
+            branches = (lambda: torch.tensor(2.0), lambda: torch.sqrt(x))
+            return cond(p, *branches, (), strategy="select")
+        return cond(p, lambda x: torch.tensor(2.0), torch.sqrt, (x,), strategy="select")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.func.grad(f), backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(torch.tensor(0.0), torch.tensor(True)), torch.tensor(0.0))
+
+
+@pytest.mark.parametrize("inner", ["auto", "select"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_select_strategy_with_a_conditional_in_a_branch(backend, inner):
+    # Dynamo traces the select's branches inline, under a mode that reads closed-over
+    # tensors; the inner conditional's branches cannot enter it, nor speculate in it.
+    def f(x, y, p, q):
+        def true_fn(x):
+            return cond(q, lambda x: x * y.sqrt(), torch.cos, (x,), strategy=inner)
+
+        return cond(p, true_fn, lambda x: 2 * x, (x,), strategy="select")
+
+    def python_if(x, y, p, q):
+        if not p:
+            return 2 * x
+        return x * y.sqrt() if q else torch.cos(x)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    for p, q in itertools.product([True, False], repeat=2):
+        # y = 0: sqrt's derivative is infinite, which must not reach y's gradient
+        # (as NaN) from a branch that is not taken.
+        x, y = torch.tensor(0.7, requires_grad=True), torch.tensor(0.0, requires_grad=True)
+        args = (torch.tensor(p), torch.tensor(q))
+        out = compiled(x, y, *args)
+        got = torch.autograd.grad(out, (x, y), allow_unused=True, materialize_grads=True)
+        want_out = python_if(x, y, *args)
+        want = torch.autograd.grad(want_out, (x, y), allow_unused=True, materialize_grads=True)
+        torch.testing.assert_close((out, *got), (want_out, *want))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, y, *args), python_if(x, y, *args))
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_select_strategy_refuses_writes_under_compile(backend):
     """Every branch runs under strategy="select": a write would land even when untaken."""

@@ -714,6 +714,60 @@ def test_forward_mode_ad_and_torch_func():
     assert torch.equal(h, torch.diag(torch.tensor([2.0, 6.0, 0.0], dtype=torch.float64)))
 
 
+def _bare(op, p, a, b):
+    """The operator itself, as compiled and traced code calls it."""
+    if op == "select":
+        return OPS.select(p, [a.sin()], [b.cos()])[0]
+    return OPS.select_n((~p).long(), [a.sin(), b.cos(), a * b], 3)[0]  # sin where p
+
+
+def _bare_reference(op, p, a, b):
+    return torch.where(p, a.sin(), b.cos())
+
+
+@pytest.mark.parametrize("op", ["select", "select_n"])
+def test_the_operator_itself_under_torch_func_and_forward_ad(op):
+    # torch.library.register_autograd would give these C++ operators an old-style
+    # autograd.Function: torch.func.grad refused it and forward AD got a zero tangent.
+    p = torch.tensor([True, False, True])
+    a, b = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    da, db = torch.randn_like(a), torch.randn_like(b)
+    for p_ in (p, torch.tensor(False)):
+        got = torch.func.jvp(lambda a, b, p_=p_: _bare(op, p_, a, b), (a, b), (da, db))
+        want = torch.func.jvp(lambda a, b, p_=p_: _bare_reference(op, p_, a, b), (a, b), (da, db))
+        torch.testing.assert_close(got, want)
+    grad = torch.func.grad(lambda a, b: _bare(op, p, a, b).sum(), argnums=(0, 1))
+    want = torch.func.grad(lambda a, b: _bare_reference(op, p, a, b).sum(), argnums=(0, 1))
+    torch.testing.assert_close(grad(a, b), want(a, b))
+    per_example = torch.vmap(torch.func.grad(lambda a, p, b: _bare(op, p, a, b)))
+    torch.testing.assert_close(per_example(a, p, b), want(a, b)[0])
+    hessian = torch.func.hessian(lambda a: _bare(op, p, a, b).sum())(a)
+    torch.testing.assert_close(hessian, torch.diag(torch.where(p, -a.sin(), 0.0)))
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        out = _bare(op, p, fwAD.make_dual(a, da), fwAD.make_dual(b, db))
+        tangent = fwAD.unpack_dual(out).tangent
+    torch.testing.assert_close(tangent, torch.where(p, a.cos() * da, -b.sin() * db))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_forward_ad_through_the_operator(backend):
+    # A compiled graph enters its forward-AD level without forward_ad's Python level
+    # counter: the operator still sees the tangent.
+    import torch.autograd.forward_ad as fwAD
+
+    def f(p, a, b):
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(a, torch.ones_like(a))
+            return fwAD.unpack_dual(_bare("select", p, dual, b)).tangent
+
+    p = torch.tensor([True, False, True])
+    a, b = torch.randn(3), torch.randn(3)
+    got = torch.compile(f, backend=backend, fullgraph=True)(p, a, b)
+    torch.testing.assert_close(got, torch.where(p, a.cos(), 0.0))
+
+
 def test_vmap_batched_and_unbatched_mixtures():
     B = 4
     preds = rand((B, 3), torch.bool, seed=1)

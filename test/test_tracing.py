@@ -242,6 +242,31 @@ def test_differing_sizes_become_an_unbacked_size_with_a_range():
         torch.testing.assert_close(gm(x), f(x))
 
 
+@pytest.mark.parametrize("tracing_mode", ["fake", "symbolic"])
+def test_select_over_sizes_made_from_data_assumes_them_equal(tracing_mode):
+    # strategy="select" needs equal shapes; two sizes made from data (unbacked) cannot
+    # be compared while tracing: assumed equal, and a mismatch raises at run time.
+    def rows(x):
+        return (x > 1).nonzero().size(0) + 1
+
+    def f(x, p, scale):
+        return cond(
+            p,
+            lambda x: x * torch.ones(rows(x)).cos(),
+            lambda x: x * torch.ones(rows(scale * x)).sin(),
+            (x,),
+            strategy="select",
+        )
+
+    one = torch.tensor(1.0)
+    gm = make_fx(f, tracing_mode=tracing_mode)(torch.tensor(0.5), torch.tensor(True), one)
+    for x, p in [(0.5, True), (1.5, False), (1.5, True)]:
+        args = (torch.tensor(x), torch.tensor(p), one)
+        torch.testing.assert_close(gm(*args), f(*args))
+    with pytest.raises(ValueError, match="expected shape"):  # 1 row against 2
+        gm(torch.tensor(0.6), torch.tensor(True), torch.tensor(2.0))
+
+
 def test_outputs_with_different_strides_are_made_contiguous():
     def f(x):
         return cond(x.sum() > 0, lambda x: x.t().contiguous().t(), lambda x: x + 1, (x,))

@@ -80,11 +80,19 @@ __all__ = [
 # path can test "maybe tracing" without a Python frame (2.11-2.15).
 len_dispatch_stack = torch._C._len_torch_dispatch_stack
 len_function_stack = torch._C._len_torch_function_stack
+# A context in which no torch-function mode or subclass sees a call; dynamo traces it
+# (2.11-2.15).
+torch_function_disabled = torch._C.DisableTorchFunction
 _tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
 _PRE_DISPATCH = DispatchKey.PreDispatch
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_batched = torch._C._functorch.is_batchedtensor
 _functorch_unwrap = torch._C._functorch.get_unwrapped
+
+
+def hop_name(op: HigherOrderOperator) -> str:
+    """``op.name()``, which dynamo cannot call, as the attribute it returns (2.11-2.15)."""
+    return op._name
 
 
 def below_autograd():
@@ -281,6 +289,21 @@ def same_size(a, b) -> bool:
     from torch.fx.experimental.symbolic_shapes import SymIntEqByExpr
 
     return SymIntEqByExpr(a) == SymIntEqByExpr(b)
+
+
+def assume_same_size(a, b) -> bool:
+    """Whether sizes ``a`` and ``b`` may be equal: False when they are known to differ;
+    otherwise True, and equal they must be from here on, for the shape env, and at run
+    time where a trace records its assertions (two sizes made from data, which no
+    trace can compare). ``guard_or_true`` and ``torch._check`` exist on 2.11-2.15."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true
+
+    if statically_known_true(a == b):
+        return True
+    if not guard_or_true(a == b):
+        return False
+    torch._check(a == b)
+    return True
 
 
 def definitely_contiguous(t: torch.Tensor) -> bool:
@@ -575,8 +598,30 @@ def transforms_active() -> bool:
     One C call and one attribute read: the select fast path asks it once per call
     instead of inspecting every tensor. Checked on 2.11, 2.13, 2.14 and 2.15
     (``peek_interpreter_stack`` exists since 2.0, ``forward_ad._current_level`` since 1.9).
+    Dynamo reads any interpreter stack as an object, so it asks the stack itself.
     """
-    return _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0
+    if _peek_interpreter_stack() is not None:  # always an object to dynamo: asked below
+        return not torch.compiler.is_dynamo_compiling() or _traced_under_a_transform()
+    return _forward_ad._current_level >= 0
+
+
+def _traced_under_a_transform() -> bool:
+    """Under dynamo, which calls it while it traces (marked below): whether a torch.func
+    level is active, the transforms' it traces and those around the compiled call."""
+    return _peek_interpreter_stack() is not None
+
+
+_traced_under_a_transform._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def torch_func_level_active() -> bool:
+    """True while a torch.func transform's level is active (forward AD alone does not count).
+
+    There an ``autograd.Function`` applied from inside an operator's Autograd kernel
+    has no kernel to run (``custom_function_call`` dispatches on the transform's
+    interpreter, already left). Checked on 2.11, 2.13, 2.14 and 2.15.
+    """
+    return _peek_interpreter_stack() is not None
 
 
 # --- dispatch modes that trace nothing (modes.py) --------------------------------------

@@ -59,6 +59,41 @@ def raise_at_compile_time(error_type: type[CondError], message: str) -> NoReturn
 raise_at_compile_time._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
+def tracing_a_subgraph() -> bool:
+    """Under dynamo: whether the code being traced goes into a subgraph of a
+    higher-order operator (a branch dynamo speculates), where a mode pushed, or an
+    object from outside changed, is a side effect dynamo refuses.
+
+    Dynamo calls it while it traces, as it calls ``raise_at_compile_time`` (marked
+    below), and puts the answer in place of the call, with no guard. The current
+    tracer's ``parent`` is set for a subgraph's tracer only (2.11-2.15).
+    """
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = InstructionTranslator.current_tx()
+    return tx is not None and tx.output.current_tracer.parent is not None
+
+
+tracing_a_subgraph._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def differentiating_transform_active() -> bool:
+    """Under dynamo: whether a torch.func grad or jvp level is active where the code
+    being traced runs. Dynamo shows no functorch wrappers, and a tensor that
+    ``torch.func.grad`` differentiates does not read as requiring grad there.
+
+    Called while dynamo traces (marked below): dynamo enters the levels of the
+    transforms it traces, and guards on those active around the compiled call.
+    """
+    from . import DIFFERENTIATING_TRANSFORMS
+
+    stack = torch._C._functorch.get_interpreter_stack() or []
+    return any(level.key() in DIFFERENTIATING_TRANSFORMS for level in stack)
+
+
+differentiating_transform_active._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 _COMPILE_TIME_ERRORS: dict[type, type] = {}
 
 
@@ -165,6 +200,9 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
             # ``may_write=False``: only dynamo sees this keyword (api's select path),
             # for branches that all run, taken or not, so may not write outside.
             may_write = kwargs.pop("may_write", v.ConstantVariable.create(True))
+            # ``closures_read_as``: what a mode that stands in for closed-over tensors
+            # (closures.StandIns) reads them as; it could not be entered in the branches.
+            read_as = kwargs.pop("closures_read_as", None)
             if kwargs or len(args) < 3 or not may_write.is_python_constant():
                 refuse("bad arguments", (args, kwargs))
             may_write = bool(may_write.as_python_constant())
@@ -213,6 +251,8 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
             except CondError as error:  # as the same call raises it eagerly
                 raise compile_time_error(type(error), str(error)) from None
             shared = self._merge_lifted_inputs(speculated, operand_vts)
+            if read_as is not None:
+                shared = _read_closures_as(tx, read_as, shared, operand_vts)
             graph_nodes = []
             for j, (_, _, graph, _, modules) in enumerate(speculated):
                 gm = torch.fx.GraphModule(modules, graph)
@@ -601,6 +641,22 @@ def _source_text(source) -> str:
         attribute = getattr(base, "member", None) == "__dict__" or _registry(base) is not None
         return f"{text}.{index}" if attribute else f"{text}[{index!r}]"
     return text  # a module, a cell, or an item named by a key's own source
+
+
+def _read_closures_as(tx, read_as, shared: list, operand_vts) -> list:
+    """The lifted inputs, each closed-over tensor replaced by ``read_as(tensor)``, which
+    dynamo traces here, outside the branches."""
+    from torch._dynamo.variables.builder import wrap_fx_proxy
+
+    operands = {vt.as_proxy().node for vt in operand_vts if vt.is_tensor()}
+    read = []
+    for proxy in shared:
+        value = proxy.node.meta.get("example_value")
+        if isinstance(value, torch.Tensor) and proxy.node not in operands:
+            closure = wrap_fx_proxy(tx, proxy, example_value=value)
+            proxy = read_as.call_function(tx, [closure], {}).as_proxy()
+        read.append(proxy)
+    return read
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -18,7 +18,8 @@ tensor index that is not on the CPU is copied to the host once at the top, so th
 chain costs one device sync, as a cond does.
 
 Also here: Inductor's fake-tensor updater learns which arguments our branches take
-(otherwise it warns once per compile and re-propagates them without inputs).
+(otherwise it warns once per compile and re-propagates them without inputs), a tensor
+constant a branch makes among them.
 
 Checked on torch 2.11.0, 2.13.0 (``ir.Conditional``), 2.14.1 and 2.15.0
 (``ir.Switch``): both ``create``s read the operands' fake values from
@@ -32,7 +33,7 @@ import operator
 
 import torch
 
-from . import TORCH_VERSION
+from . import TORCH_VERSION, FakeTensor
 from .after_import import when_imported
 
 _LOWERING = "torch._inductor.lowering"
@@ -320,6 +321,23 @@ def _teach_subgraph_args(fx_utils, ops) -> None:
         operands = tuple(args[-1])
         for branch in args[1:-1]:
             if branch in valid_subgraphs:
-                yield branch, operands
+                placeholders = branch.graph.find_nodes(op="placeholder")
+                yield branch, tuple(map(_fake_of, operands, placeholders))
 
     fx_utils._extract_subgraphs_and_args = extract_subgraphs_and_args
+
+
+def _fake_of(operand, placeholder: torch.fx.Node):
+    """What the updater compares with a branch input's value.
+
+    A tensor constant a branch makes (``torch.tensor(2.0)``) is lifted into the
+    operands: the branch input's value is then the real tensor, while the operand's
+    is a fake one, and the updater refuses two values of different types. A constant
+    never changes: the input's own value.
+    """
+    value = placeholder.meta.get("val")
+    return value if _is_constant(value) or _is_constant(operand) else operand
+
+
+def _is_constant(value) -> bool:
+    return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor)

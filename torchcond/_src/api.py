@@ -16,6 +16,7 @@ import torch
 from .. import _compat
 from .._compat import pytree
 from .._compat.dynamo import raise_at_compile_time as _raise_compiled
+from .._compat.dynamo import tracing_a_subgraph as _in_subgraph
 from ..errors import CondArgumentError, CondError
 from . import strategies
 from .forms import (
@@ -386,12 +387,24 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
         # Dynamo inlines the branches below, where no dispatch mode can refuse a write
         # from a branch that runs untaken. Calling the operator makes dynamo speculate
         # each branch as a subgraph, and ``may_write=False`` (a keyword only dynamo's
-        # hook reads) has it refuse writes to anything from outside it. Nothing reads
-        # the node: AOTAutograd (aot_eager, inductor) drops it; only the eager backend
-        # runs it, a Python `if` that gives the same values.
-        _operator_under_dynamo(
-            form.op, selector, labelled_branches, operands, leaves_only=True, may_write=False
-        )
+        # hook reads) has it refuse writes to anything from outside it.
+        if _in_subgraph():
+            # In a branch dynamo speculates (another conditional's, say), the run below
+            # could not enter the mode that reads closed-over tensors: the operator
+            # stands in for the select there. Its values are the same (a Python
+            # `if`'s); Inductor picks its branch on the host.
+            return _operator_under_dynamo(
+                form.op, selector, labelled_branches, operands, may_write=False
+            )
+        # Nothing reads this node: AOTAutograd (aot_eager, inductor) drops it; only the
+        # eager backend runs it, a Python `if` that gives the same values. So no mode
+        # need see it: in an enclosing select's run, the mode that reads closures
+        # (closures.StandIns) would change its own state from inside the branches,
+        # which dynamo refuses.
+        with _compat.torch_function_disabled():
+            _operator_under_dynamo(
+                form.op, selector, labelled_branches, operands, leaves_only=True, may_write=False
+            )
     return run_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
 
 

@@ -407,10 +407,17 @@ class StandIns(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         args, kwargs = pytree.tree_map_only(torch.Tensor, self._swap, (args, kwargs or {}))
-        if is_conditional_op(func):
-            selector, branches, operands = unpack(args)
-            args = pack(selector, [self._within(b) for b in branches], operands)
-        out = func(*args, **kwargs)
+        if is_conditional_op(func) and _compat.is_dynamo_compiling():
+            # Dynamo refuses a mode entered, or changing its state, inside the branches
+            # it speculates: it reads what they close over through ``_swap`` once they
+            # are traced (_compat/dynamo.py).
+            with _compat.torch_function_disabled():
+                out = func(*args, closures_read_as=self._swap, **kwargs)
+        else:
+            if is_conditional_op(func):
+                selector, branches, operands = unpack(args)
+                args = pack(selector, [self._within(b) for b in branches], operands)
+            out = func(*args, **kwargs)
         for value in pytree.tree_leaves(out):
             if isinstance(value, torch.Tensor) and self.kept.get(value) is None:
                 self.made.put(value, value)

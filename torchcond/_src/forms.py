@@ -308,7 +308,10 @@ COND_NAME, SWITCH_NAME = "torchcond_cond", "torchcond_switch"  # the operators' 
 
 def is_conditional_op(op) -> bool:
     """``op`` is ``torchcond_cond`` or ``torchcond_switch``."""
-    return isinstance(op, _compat.HigherOrderOperator) and op.name() in (COND_NAME, SWITCH_NAME)
+    return isinstance(op, _compat.HigherOrderOperator) and _compat.hop_name(op) in (
+        COND_NAME,
+        SWITCH_NAME,
+    )
 
 
 def unpack(args: tuple) -> tuple:

@@ -90,16 +90,24 @@ class Outputs:
     """
 
     def __init__(self):
-        self.spec: pytree.TreeSpec | None = None
-        self._first_label = ""
+        # The first branch's (label, structure), in a list: dynamo on torch 2.13 loses
+        # an attribute set after it traces a higher-order operator (a branch holding a
+        # conditional) on an object whose __init__ set that attribute.
+        self._first: list[tuple[str, pytree.TreeSpec]] = []
+
+    @property
+    def spec(self) -> pytree.TreeSpec | None:
+        return self._first[0][1] if self._first else None
 
     def record(self, label: str, spec: pytree.TreeSpec) -> None:
-        if self.spec is None:
-            self.spec, self._first_label = spec, label
-        elif spec != self.spec:
+        if not self._first:
+            self._first.append((label, spec))
+            return
+        first_label, first_spec = self._first[0]
+        if spec != first_spec:
             raise BranchMismatchError(
                 "branches must return the same pytree structure: "
-                f"{self._first_label} returns {describe_structure(self.spec)}, "
+                f"{first_label} returns {describe_structure(first_spec)}, "
                 f"{label} returns {describe_structure(spec)}"
             )
 

@@ -17,17 +17,18 @@ module is everything Python knows about them, in the order of pytorch/extension-
 * the public functions ``select`` and ``select_n``;
 * ``register_fake``: fresh contiguous outputs shaped like the values (tracing, export,
   ``torch.compile``, meta tensors), after the kernels' own argument checks;
-* ``register_autograd``: the gradient goes to the selected side and is zero on the
+* the Autograd kernels: the gradient goes to the selected side and is zero on the
   other (computed with the select op itself against a stride-0 zero, so no ``NaN``
   or ``Inf`` from the unselected side's cotangent can leak); none for the selector;
+  the tangent is the select of the tangents. They apply new-style
+  ``autograd.Function``s (backward and jvp); inside a ``torch.func`` transform, where
+  those cannot be applied, they compute the select with ``torch.where``;
 * ``register_vmap``: batch dims to the front; a batched selector expands unbatched
   values, batched values expand an unbatched (non-0-d) selector;
-* new-style ``autograd.Function``s for ``torch.func`` transforms and forward-mode AD.
-  ``register_autograd`` gives a C++-defined op an old-style ``autograd.Function``
-  that ``torch.func.grad``/``jvp`` refuse, with no forward-mode formula. So when an
-  input is wrapped by a ``torch.func`` transform or carries a forward-mode tangent,
-  ``select`` and ``select_n`` call the same op through these instead (same backward,
-  plus a jvp: the select of the tangents; vmap rule generated from the op's).
+* eagerly, when an input is wrapped by a ``torch.func`` transform or carries a
+  forward-mode tangent, ``select`` and ``select_n`` apply those Functions before
+  dispatch, so that the transforms see them (vmap rule generated from the op's) and
+  the fused kernel runs.
 
 The arguments are checked once, in C++ (``csrc/select_common.cpp``), by the kernels
 and, through ``torchcond._C._check_select``/``_check_select_n``, by the fake kernels.
@@ -275,12 +276,6 @@ def _zeros(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device).expand(like.shape)
 
 
-def _select_setup_context(ctx, inputs, output):
-    pred = inputs[0]
-    ctx.save_for_backward(pred)
-    ctx.set_materialize_grads(False)  # outputs without a gradient arrive as None
-
-
 def _select_grads(pred, grads, need_true, need_false, select_fn):
     """Gradients of select's values: the cotangent on the selected side, zero elsewhere."""
     n = len(grads)
@@ -323,40 +318,68 @@ def _select_n_grads(index, grads, nb, need, select_n_fn):
     return result
 
 
-def _select_backward(ctx, grads):
-    (pred,) = ctx.saved_tensors
-    _, need_true, need_false = ctx.needs_input_grad
-    # Through _select_differentiable, not the op: forward-over-reverse gives the
-    # cotangents tangents, and only its autograd.Function has a jvp.
-    grad_true, grad_false = _select_grads(
-        pred, grads, need_true, need_false, _select_differentiable
-    )
-    return None, grad_true, grad_false
+# The operators' Autograd kernels. torch.library.register_autograd would give a
+# C++-defined operator an old-style autograd.Function: torch.func.grad refuses it and
+# forward-mode AD (torch.func.jvp included) passes through it with a zero tangent.
+# Instead, where a derivative is needed:
+#
+# * outside torch.func transforms, the new-style Functions below (backward and jvp,
+#   both one fused select);
+# * inside one (a transform's interpreter has already unwrapped the inputs, and a
+#   Function applied here has no kernel to run), torch.where: every transform and
+#   backend differentiates it. Eager code under a transform does not get here: the
+#   public functions apply the Functions before dispatch (``_needs_function``).
+#   Compiled code does: dynamo records the operator itself.
 
 
-def _select_n_setup_context(ctx, inputs, output):
-    index, _, num_branches = inputs
-    ctx.save_for_backward(index)
-    ctx.num_branches = num_branches
-    ctx.set_materialize_grads(False)
+@torch.library.impl("torchcond::select", "Autograd")
+def _select_autograd(pred, true_values, false_values):
+    if not _C._needs_derivative([*true_values, *false_values]):
+        with _compat.below_autograd():
+            return _SELECT(pred, true_values, false_values)
+    if _compat.torch_func_level_active():
+        return _select_where(pred, true_values, false_values)
+    return list(_SelectFunction.apply(pred, len(true_values), *true_values, *false_values))
 
 
-def _select_n_backward(ctx, grads):
-    (index,) = ctx.saved_tensors
-    _, need, _ = ctx.needs_input_grad
-    return (
-        None,
-        _select_n_grads(index, grads, ctx.num_branches, need, _select_n_differentiable),
-        None,
-    )
+@torch.library.impl("torchcond::select_n", "Autograd")
+def _select_n_autograd(index, cases, num_branches):
+    if not _C._needs_derivative(cases):
+        with _compat.below_autograd():
+            return _SELECT_N(index, cases, num_branches)
+    if _compat.torch_func_level_active():
+        return _select_n_where(index, cases, num_branches)
+    return list(_SelectNFunction.apply(index, num_branches, *cases))
 
 
-torch.library.register_autograd(
-    "torchcond::select", _select_backward, setup_context=_select_setup_context
-)
-torch.library.register_autograd(
-    "torchcond::select_n", _select_n_backward, setup_context=_select_n_setup_context
-)
+def _spread(selector: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``selector`` broadcastable against ``value``: trailing dims of size 1, on its device."""
+    if selector.device != value.device:  # a 0-d CPU selector beside values elsewhere
+        selector = selector.to(value.device)
+    return selector.reshape((*selector.shape, *([1] * (value.dim() - selector.dim()))))
+
+
+def _select_where(pred, true_values, false_values) -> list[torch.Tensor]:
+    """The select operator in differentiable aten operations (same checks, same values)."""
+    _C._check_select(pred, true_values, false_values)
+    return [
+        torch.where(_spread(pred, t), t, f).contiguous() for t, f in zip(true_values, false_values)
+    ]
+
+
+def _select_n_where(index, cases, num_branches: int) -> list[torch.Tensor]:
+    """select_n as a chain of torch.where: case k where the index is at most k (which
+    clamps it), the last case elsewhere."""
+    _C._check_select_n(index, cases, num_branches)
+    n = len(cases) // num_branches
+    if num_branches == 1:  # fresh tensors, as the operator's
+        return [c.clone(memory_format=torch.contiguous_format) for c in cases]
+    outputs = list(cases[(num_branches - 1) * n :])
+    for k in reversed(range(num_branches - 1)):
+        at_most_k = index <= k
+        for i in range(n):
+            outputs[i] = torch.where(_spread(at_most_k, outputs[i]), cases[k * n + i], outputs[i])
+    return [o.contiguous() for o in outputs]
 
 
 # --- vmap ------------------------------------------------------------------------------
@@ -451,11 +474,10 @@ torch.library.register_vmap("torchcond::select_n", _select_n_vmap)
 
 # --- torch.func transforms and forward-mode AD -----------------------------------------
 #
-# register_autograd gives a C++-defined op an old-style autograd.Function, which
-# functorch's grad/jvp transforms refuse, and it has no forward-mode formula. When an
-# input is wrapped by a torch.func transform or carries a forward-mode tangent, the
-# public functions go through the autograd.Functions below instead: same op, same
-# backward, plus a jvp, and a vmap rule generated from the op's own.
+# The autograd.Functions the Autograd kernels apply. When an input is wrapped by a
+# torch.func transform or carries a forward-mode tangent, the public functions apply
+# them before dispatch, where the transforms see them: same op, same backward and jvp,
+# and a vmap rule generated from the op's own.
 
 
 def _needs_function(sel, values) -> bool:

@@ -167,17 +167,18 @@ class _Mask:
 
     def __init__(self, first: torch.Tensor, which: torch.Tensor | None, k: int):
         self.first, self.which, self.k = first, which, k
-        self.value: torch.Tensor | None = None
+        # A list, not an attribute set later: see pytrees.Outputs.
+        self.value: list[torch.Tensor] = []
 
     def __call__(self) -> torch.Tensor:
-        if self.value is None:
+        if not self.value:
             if self.k == 0:
-                self.value = self.first
+                self.value.append(self.first)
             elif self.which is None:
-                self.value = ~self.first
+                self.value.append(~self.first)
             else:
-                self.value = self.which == self.k
-        return self.value
+                self.value.append(self.which == self.k)
+        return self.value[0]
 
 
 def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool):
@@ -264,20 +265,31 @@ def _check_selectable(labels, outputs) -> None:
                 f"{labels[0]} returns {len(outputs[0])}, {label} returns {len(outs)}"
             )
         for j, (first, other) in enumerate(zip(outputs[0], outs)):
-            for what, a, b in (
-                ("shape", tuple(first.shape), tuple(other.shape)),
-                ("dtype", first.dtype, other.dtype),
-                ("device", first.device, other.device),
+            for what, same in (
+                ("shape", _same_shape(first, other)),
+                ("dtype", first.dtype == other.dtype),
+                ("device", first.device == other.device),
             ):
-                if a != b:
+                if not same:
                     raise BranchMismatchError.at(
                         "output",
                         j,
                         "{path}: every branch runs and each element is selected on the "
                         "device (strategy='select', or vmap with a per-example "
                         f"selector), so branches must agree on {what}: {labels[0]} "
-                        f"gives {a}, {label} gives {b}",
+                        f"gives {_described(first, what)}, {label} gives "
+                        f"{_described(other, what)}",
                     )
+
+
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes; sizes a trace cannot compare (made from data) are assumed equal,
+    and asserted at run time."""
+    return a.dim() == b.dim() and all(map(_compat.assume_same_size, a.shape, b.shape))
+
+
+def _described(t: torch.Tensor, what: str):
+    return tuple(t.shape) if what == "shape" else getattr(t, what)
 
 
 def _masked(mask: torch.Tensor, operands, guarded) -> list:
