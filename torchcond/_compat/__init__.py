@@ -613,6 +613,10 @@ def profiler_enabled() -> bool:
     return _autograd_profiler._is_profiler_enabled
 
 
+# The same flag for C++ (torchcond._C.eager_init): the module and the attribute's name.
+PROFILER_FLAG = (_autograd_profiler, "_is_profiler_enabled")
+
+
 @contextlib.contextmanager
 def modules_untracked(mode):
     """FlopCounterMode's module tracker (of the counter behind ``mode``, a

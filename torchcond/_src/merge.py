@@ -1,8 +1,12 @@
-"""Several branches' fake outputs -> the one output the operator promises.
+"""Several branches' outputs: whether they agree, and merged into one fake output.
 
-Used wherever the taken branch is unknown (fake tensors, meta tensors, symbolic
-predicates): every branch runs, and their outputs must agree on everything but sizes.
-Sizes that differ become fresh unbacked SymInts whose range covers every branch.
+``check_agreement`` is the one rule for whether branches' outputs can be one
+conditional's, used by every path: tracing (here, below), every branch run and
+selected (strategies.py, with equal shapes on top) and dynamo's speculation.
+
+Where the taken branch is unknown (fake tensors, meta tensors, symbolic predicates)
+every branch runs, and their outputs must agree on everything but sizes. Sizes that
+differ become fresh unbacked SymInts whose range covers every branch.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 
 from .. import _compat
 from ..errors import BranchMismatchError
+from .pytrees import check_same_structure
 
 _MATCHING_ATTRIBUTES = ("dtype", "device", "layout", "ndim", "is_quantized", "is_sparse")
 
@@ -29,32 +34,74 @@ def merge_branch_outputs(
     )
 
 
+# Where every branch runs and a select picks each element, the shapes must agree too.
+_SELECTED = (
+    "every branch runs and each element is selected on the device (strategy='select', "
+    "or vmap with a per-example selector), so "
+)
+
+
 def check_agreement(
-    branch_outputs: Sequence[Sequence[torch.Tensor]], labels: Sequence[str]
+    branch_outputs: Sequence[Sequence[torch.Tensor]],
+    labels: Sequence[str],
+    *,
+    specs: Sequence | None = None,
+    selected: bool = False,
 ) -> None:
-    """Raise unless the branches' flat outputs agree on all but their sizes."""
+    """Raise ``BranchMismatchError`` unless the branches' flat outputs can be one
+    conditional's: the same pytree structure (``specs``, one per branch, when known),
+    count, dtype, device, layout and rank per output; with ``selected`` (every branch
+    runs and a select picks), the same shapes too."""
+    if specs is not None:
+        check_same_structure(labels, specs)
     counts = {len(outs) for outs in branch_outputs}
     if len(counts) != 1:
         found = ", ".join(f"{lab} returns {len(o)}" for lab, o in zip(labels, branch_outputs))
         raise BranchMismatchError(f"branches must return the same number of tensors: {found}")
-    for j, leaves in enumerate(zip(*branch_outputs)):
+    first_outs = branch_outputs[0]
+    for j, first in enumerate(first_outs):
+        if _plainly_agree(first, [outs[j] for outs in branch_outputs[1:]], selected):
+            continue
+        leaves = [outs[j] for outs in branch_outputs]
+        why = _SELECTED if selected else ""
         for attr in _MATCHING_ATTRIBUTES:
             values = [getattr(t, attr) for t in leaves]
             if any(v != values[0] for v in values[1:]):
-                raise _mismatch(j, "", attr, labels, values)
-        first = leaves[0]
+                raise _mismatch(j, "", attr, labels, values, why)
         if first.is_quantized or first.is_sparse:
             raise BranchMismatchError.at(
                 "output",
                 j,
                 f"{{path}}: quantized and sparse outputs are not supported; found {first.layout}",
             )
+        if selected:
+            shapes = [tuple(t.shape) for t in leaves]
+            if any(s != shapes[0] for s in shapes[1:]):
+                raise _mismatch(j, "", "shape", labels, shapes, why)
 
 
-def _mismatch(j: int, where: str, what: str, labels, values) -> BranchMismatchError:
+def _plainly_agree(first: torch.Tensor, others, selected: bool) -> bool:
+    """The common case, decided in a few attribute reads: dense tensors of one dtype,
+    device and (when ``selected``) shape; otherwise the rules above decide."""
+    if first.layout is not _STRIDED or first.is_quantized:
+        return False
+    dtype, device, ndim = first.dtype, first.device, first.dim()
+    shape = first.shape if selected else None
+    for t in others:
+        if t.dtype is not dtype or t.layout is not _STRIDED or t.device != device:
+            return False
+        if (t.shape != shape) if selected else (t.dim() != ndim):
+            return False
+    return True
+
+
+_STRIDED = torch.strided
+
+
+def _mismatch(j: int, where: str, what: str, labels, values, why: str = "") -> BranchMismatchError:
     found = ", ".join(f"{lab} gives {v}" for lab, v in zip(labels, values))
     return BranchMismatchError.at(
-        "output", j, f"{{path}}{where}: branches must agree on {what}; {found}"
+        "output", j, f"{{path}}{where}: {why}branches must agree on {what}; {found}"
     )
 
 

@@ -169,8 +169,8 @@ def _select_eager(pred, true_values, false_values):
         any(v.requires_grad for v in true_values) or any(v.requires_grad for v in false_values)
     ):
         return _SELECT(pred, true_values, false_values)  # the operator's autograd rule
-    with _compat.below_autograd():  # what that rule does when no input needs a gradient
-        return _SELECT(pred, true_values, false_values)
+    # What that rule does when no input needs a gradient.
+    return _C.select_below_autograd(pred, true_values, false_values)
 
 
 def _select_n_eager(index, flat, num_branches):
@@ -178,8 +178,7 @@ def _select_n_eager(index, flat, num_branches):
         return _select_n_differentiable(index, flat, num_branches)
     if torch.is_grad_enabled() and any(v.requires_grad for v in flat):
         return _SELECT_N(index, flat, num_branches)
-    with _compat.below_autograd():
-        return _SELECT_N(index, flat, num_branches)
+    return _C.select_n_below_autograd(index, flat, num_branches)
 
 
 # --- what the operators cannot check ---------------------------------------------------
@@ -192,6 +191,8 @@ _ONE_OUTPUT = ". Pass [tensor] for one output"
 def _as_list(values, fn: str, label: str, expected: str, lone_tensor_hint: str = "") -> list:
     """A sequence argument as a list. A lone tensor is refused: iterating it would
     select between its rows."""
+    if type(values) is list:  # torchcond's own calls: no abstract class check
+        return values
     if isinstance(values, torch.Tensor):
         found = f"a tensor of shape {tuple(values.shape)}{lone_tensor_hint}"
     elif not isinstance(values, Sequence) or isinstance(values, str):
