@@ -15,6 +15,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/functorch/BatchedTensorImpl.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include "write_recorder.h"
@@ -80,6 +81,8 @@ PyObject* taken_branch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   try {
     const at::Tensor& p = THPVariable_Unpack(pred);
     if (p.scalar_type() != at::kBool && p.is_complex()) return slow();
+    // Cannot be read: the slow path explains or handles it (a read would raise, slowly).
+    if (p.is_meta() || at::functorch::isBatchedTensor(p) || p.numel() != 1) return slow();
     const int plain = plain_context(p);
     if (plain <= 0) return plain < 0 ? nullptr : slow();
     bool taken;
@@ -127,8 +130,8 @@ PyObject* taken_case(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
     const int plain = plain_context(t);
     if (plain <= 0) return plain < 0 ? nullptr : slow();
     int64_t i;
+    if (t.is_meta() || at::functorch::isBatchedTensor(t) || t.numel() != 1) return slow();
     try {
-      if (t.numel() != 1) return slow();
       if (t.is_cuda()) {
         pybind11::gil_scoped_release no_gil;
         i = t.item<int64_t>();

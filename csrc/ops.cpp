@@ -85,4 +85,5 @@ PYBIND11_MODULE(_C, m) {
         });
   torchcond::bind_write_recorder(m);
   torchcond::bind_eager(m);
+  torchcond::bind_batching(m);
 }

@@ -558,6 +558,32 @@ def transforms_active() -> bool:
     return _peek_interpreter_stack() is not None or _forward_ad._current_level >= 0
 
 
+_interpreter_stack = torch._C._functorch.get_interpreter_stack
+
+
+def eager_functorch_interpreter():
+    """The innermost torch.func level's interpreter, when a higher-order operator called
+    now would go straight to it: a transform active and no dispatch or torch-function
+    mode, no pre-dispatch tracing, no dynamo. None otherwise. 2.11-2.15
+    (``retrieve_current_functorch_interpreter`` since 2.1)."""
+    if _peek_interpreter_stack() is None or tracing_active() or len_function_stack():
+        return None
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+
+    return retrieve_current_functorch_interpreter()
+
+
+def differentiating_transforms_active() -> bool:
+    """True while a torch.func transform that differentiates (grad, jvp) or a forward-AD
+    level is active; vmap alone differentiates nothing. 2.11-2.15
+    (``get_interpreter_stack`` lists the levels, outermost first, or is None)."""
+    if _forward_ad._current_level >= 0:
+        return True
+    if _peek_interpreter_stack() is None:
+        return False
+    return any(i.key() in DIFFERENTIATING_TRANSFORMS for i in _interpreter_stack())
+
+
 # --- dispatch modes that trace nothing (modes.py) --------------------------------------
 # At the Python key, HigherOrderOperator.dispatch looks a mode's rule up by the mode's
 # exact type (``python_key_table``); a mode without one gets the operator in its

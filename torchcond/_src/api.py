@@ -26,7 +26,7 @@ from .forms import (
     python_scalar,
     readable_on_host,
 )
-from .ops import cond_op, form_of, switch_op
+from .ops import call, cond_op, form_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat
 from .strategies import Strategy
 
@@ -321,8 +321,11 @@ def _run_taken(fn, label: str, operands):
 
 def _call_operator(op, selector, labelled_branches, operands):
     """``op(selector, *branches, operands)`` on flat operands; the user's pytree rebuilt."""
+    form = form_of(op)
     return run_flat(
-        labelled_branches, operands, lambda branches, flat, labels: op(selector, *branches, flat)
+        labelled_branches,
+        operands,
+        lambda branches, flat, labels: call(form, selector, branches, flat),
     )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .. import _compat
+from .. import _C, _compat
 from ..errors import BranchMutationError
 from .closures import Mapped
 from .forms import Form
@@ -35,17 +35,14 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
         labels = form.labels(len(branches))
         every = run_every_branch(form, selector, branches, operands, labels)
         size = interpreter.batch_size()
-        which, first = (
-            _batch_first(t, level, size) if t is not None else None
-            for t in (every.which, every.first)
-        )
-        outputs = [[_batch_first(t, level, size) for t in outs] for outs in every.outputs]
+        which, first = _C.batch_first([every.which, every.first], level, size)
+        outputs = [_C.batch_first(outs, level, size) for outs in every.outputs]
         targets = {i: _written_per_example(operands[i], i, level, labels) for i in every.written}
         with interpreter.lower():
             out = select_outputs(which, first, outputs)
             out = written_back(out, every.written, lambda i, value: targets[i].copy_(value))
         # An output every branch returns unchanged keeps its own batching (none, say).
-        return every.merged([_compat.batch(t, 0, level) for t in out])
+        return every.merged(_C.batched(out, level))
     tensors, in_dims = _unbatch_all(operands, level)
     selector, selector_dim = _compat.unbatch(selector, level)
     with interpreter.lower():
@@ -110,15 +107,3 @@ def _written_per_example(operand: torch.Tensor, i: int, level: int, labels) -> t
             "the new value instead",
         )
     return physical.movedim(dim, 0)
-
-
-def _batch_first(t: torch.Tensor, level: int, size: int) -> torch.Tensor:
-    """The batch's own tensor for ``t`` at vmap ``level``, batch dimension first."""
-    physical, dim = _compat.unbatch(t, level)
-    return physical.movedim(dim, 0) if dim is not None else _broadcast_batch(physical, size)
-
-
-def _broadcast_batch(value, batch_size: int):
-    if not isinstance(value, torch.Tensor):
-        return value
-    return value.expand(batch_size, *value.shape)

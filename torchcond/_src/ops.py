@@ -285,6 +285,19 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     return vmap_rule(form, interpreter, selector, branches, operands)
 
 
+def call(form: Form, selector, branches, operands):
+    """``form.op(selector, *branches, operands)``. Eagerly under a torch.func transform,
+    straight to the transform's rule (``_functorch``), where the operator's dispatch
+    would arrive after flattening its arguments a few times over."""
+    interpreter = _compat.eager_functorch_interpreter()
+    if interpreter is None:
+        return form.op(*pack(selector, branches, operands))
+    # What torch's dispatch to a transform does first (dispatch_functorch).
+    selector = _compat.unwrap_if_dead(selector)
+    operands = tuple(map(_compat.unwrap_if_dead, operands))
+    return _functorch(form, interpreter, selector, branches, operands)
+
+
 def _dead_wrappers(form: Form, selector, branches, operands):
     """Tensors of a torch.func level that has ended are the tensors they wrap."""
     operands = tuple(map(_compat.unwrap_if_dead, operands))

@@ -191,8 +191,9 @@ _ONE_OUTPUT = ". Pass [tensor] for one output"
 def _as_list(values, fn: str, label: str, expected: str, lone_tensor_hint: str = "") -> list:
     """A sequence argument as a list. A lone tensor is refused: iterating it would
     select between its rows."""
-    if type(values) is list:  # torchcond's own calls: no abstract class check
-        return values
+    kind = type(values)
+    if kind is list or kind is tuple:  # the common case, without an abstract class check
+        return values if kind is list else list(values)
     if isinstance(values, torch.Tensor):
         found = f"a tensor of shape {tuple(values.shape)}{lone_tensor_hint}"
     elif not isinstance(values, Sequence) or isinstance(values, str):

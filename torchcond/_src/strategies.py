@@ -134,7 +134,7 @@ def run_every_branch(
         which = form.branch_of(selector, n)
         first = which == 0
     grad_mode = torch.is_grad_enabled()
-    differentiable = grad_mode or _compat.transforms_active()
+    differentiable = grad_mode or _compat.differentiating_transforms_active()
     # Operands whose gradient only the taken examples may feed, and to which a write is
     # refused; none when nothing differentiates.
     if differentiable:
@@ -213,14 +213,13 @@ def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool)
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:
     """Output positions where every branch returns the same tensor: the same operand
     (each branch's masked stand-in of it counts as the operand), or the same object."""
+    first, rest = outputs[0], outputs[1:]
+    if all(inputs is operands for inputs in given):  # no stand-ins: the same object
+        return {j: out for j, out in enumerate(first) if all(o[j] is out for o in rest)}
     same = {}
-    for j, out in enumerate(outputs[0]):
+    for j, out in enumerate(first):
         value = _original(out, given[0], operands)
-        for outs, inputs in zip(outputs[1:], given[1:]):
-            other = outs[j]
-            if other is not value and _original(other, inputs, operands) is not value:
-                break
-        else:
+        if all(_original(o[j], i, operands) is value for o, i in zip(rest, given[1:])):
             same[j] = value
     return same
 

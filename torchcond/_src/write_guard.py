@@ -79,6 +79,7 @@ class BranchWrites:
     def __init__(self, operands: Sequence, refuse_grad: Sequence[bool]):
         self.label = ""
         self._inputs = operands
+        self._wrote = False
         if _is_dynamo_compiling():  # dynamo records no writes (see above)
             self._recorder = None
             return
@@ -124,7 +125,8 @@ class BranchWrites:
             raise
         if observing:
             recorder.stop()
-        if recorder.wrote:  # a plain write's saved value is taken in finish()
+        self._wrote = recorder.wrote
+        if self._wrote:  # a plain write's saved value is taken in finish()
             self._undo_and_raise(None)
         return out
 
@@ -156,7 +158,7 @@ class BranchWrites:
         (each a copy); the operands then hold their old values again. An output that
         shares memory with a written operand is copied first (``x.add_(1)`` returns
         ``x``)."""
-        if self._recorder is None or not self._recorder.wrote:
+        if not self._wrote:
             return outputs, {}
         saved = self._recorder.saved
         inputs = self._inputs
