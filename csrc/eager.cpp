@@ -163,6 +163,49 @@ PyObject* plain_tensors(PyObject* /*module*/, PyObject* const* args, Py_ssize_t 
   return PyBool_FromLong(plain_operands(args[0], parameters != 0));
 }
 
+// plainly_agree(outputs, shapes) -> whether every branch's outputs (a list of tuples)
+// are dense tensors agreeing position by position on dtype, device, layout and rank,
+// and on shape too with `shapes`: merge.check_agreement's common case, decided without
+// Python. False sends the caller to the full rules, which name what differs.
+PyObject* plainly_agree(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyList_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "plainly_agree(outputs: list, shapes: bool)");
+    return nullptr;
+  }
+  const int shapes = PyObject_IsTrue(args[1]);
+  if (shapes < 0) return nullptr;
+  PyObject* outputs = args[0];
+  const Py_ssize_t nb = PyList_GET_SIZE(outputs);
+  if (nb == 0) Py_RETURN_FALSE;
+  PyObject* first = PyList_GET_ITEM(outputs, 0);
+  if (!PyTuple_Check(first)) Py_RETURN_FALSE;
+  const Py_ssize_t n = PyTuple_GET_SIZE(first);
+  for (Py_ssize_t b = 1; b < nb; ++b) {
+    PyObject* outs = PyList_GET_ITEM(outputs, b);
+    if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != n) Py_RETURN_FALSE;
+  }
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    PyObject* f = PyTuple_GET_ITEM(first, j);
+    if (!THPVariable_Check(f)) Py_RETURN_FALSE;
+    const at::Tensor& a = THPVariable_Unpack(f);
+    if (a.layout() != at::kStrided || a.is_quantized() || a.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+      Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t b = 1; b < nb; ++b) {
+      PyObject* o = PyTuple_GET_ITEM(PyList_GET_ITEM(outputs, b), j);
+      if (o == f) continue;
+      if (!THPVariable_Check(o)) Py_RETURN_FALSE;
+      const at::Tensor& t = THPVariable_Unpack(o);
+      if (t.scalar_type() != a.scalar_type() || t.device() != a.device() || t.layout() != at::kStrided ||
+          t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || t.dim() != a.dim() ||
+          (shapes && t.sizes() != a.sizes())) {
+        Py_RETURN_FALSE;
+      }
+    }
+  }
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef kMethods[] = {
     {"taken_branch", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(taken_branch)), METH_FASTCALL,
      "cond's eager fast path: the branch a Python `if` would take, or None (the slow path)."},
@@ -170,6 +213,8 @@ PyMethodDef kMethods[] = {
      "switch's eager fast path: the branch a Python `if` would take, or None (the slow path)."},
     {"plain_tensors", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(plain_tensors)), METH_FASTCALL,
      "Whether a tuple or list holds only plain tensors (exactly torch.Tensor, or Parameter too)."},
+    {"plainly_agree", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(plainly_agree)), METH_FASTCALL,
+     "merge.check_agreement's common case: dense outputs that agree, decided in C."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -27,6 +27,8 @@
 #include <ATen/functorch/BatchedTensorImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -382,6 +384,62 @@ pybind11::object as_tuple(const std::optional<Refusal>& r) {
   return pybind11::make_tuple(r->operand, r->op, r->shape, r->why);
 }
 
+// run_recorded(branches, args, refuse_grad, start) -> (outputs, stop, recorder, error):
+// each of branches[start:] called on the tuple `args` (plain tensors, no transform) while
+// a recorder observes, until one writes or raises. `outputs`: each branch's output as a
+// tuple, up to the last one that returned; `stop`: the index of the branch that wrote or
+// raised, or -1; `recorder`: that branch's recorder (what it saved, what it was refused),
+// None when stop is -1; `error`: what it raised, or None. One call for write_guard.py's
+// common case: the branches' own ops are all that run between them.
+PyObject* run_recorded(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
+  if (n != 4 || !PyTuple_Check(a[1])) {
+    PyErr_SetString(PyExc_TypeError, "run_recorded(branches, args: tuple, refuse_grad, start)");
+    return nullptr;
+  }
+  try {
+    namespace py = pybind11;
+    py::sequence branches = py::reinterpret_borrow<py::sequence>(a[0]);
+    PyObject* args = a[1];
+    std::vector<std::optional<at::Tensor>> bases;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
+      bases.emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)));
+    }
+    auto recorder = std::make_unique<Recorder>(std::move(bases), py::cast<std::vector<bool>>(a[2]));
+    const int64_t start = PyLong_AsLongLong(a[3]);
+    py::list outputs;
+    const int64_t nb = static_cast<int64_t>(py::len(branches));
+    for (int64_t k = start; k < nb; ++k) {
+      py::object branch = branches[k];
+      observe(*recorder);
+      PyObject* out = PyObject_Call(branch.ptr(), args, nullptr);
+      stop_observing(*recorder);
+      if (out == nullptr) {
+        py::error_already_set error;
+        return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership),
+                              error.value())
+            .release()
+            .ptr();
+      }
+      outputs.append(py::tuple(py::reinterpret_steal<py::object>(out)));
+      if (recorder->wrote()) {
+        return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership),
+                              py::none())
+            .release()
+            .ptr();
+      }
+    }
+    return py::make_tuple(outputs, -1, py::none(), py::none()).release().ptr();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return nullptr;
+  }
+}
+
+PyMethodDef kRecorderMethods[] = {
+    {"run_recorded", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(run_recorded)), METH_FASTCALL,
+     "The branches run one after the other, recorded, until one writes or raises."},
+    {nullptr, nullptr, 0, nullptr}};
+
 }  // namespace
 
 void bind_write_recorder(pybind11::module& m) {
@@ -390,6 +448,21 @@ void bind_write_recorder(pybind11::module& m) {
       .def(py::init<std::vector<std::optional<at::Tensor>>, std::vector<bool>>(), py::arg("bases"),
            py::arg("refuse_grad"))
       .def_static("available", &key_available, "Whether observe() can be used in this process.")
+      .def(
+          "run",
+          [](Recorder& r, py::handle fn, py::handle args) {
+            observe(r);
+            struct Stop {
+              Recorder& r;
+              ~Stop() { stop_observing(r); }
+            } stop{r};
+            py::tuple call_args = py::tuple(py::reinterpret_borrow<py::object>(args));
+            PyObject* out = PyObject_Call(fn.ptr(), call_args.ptr(), nullptr);
+            if (out == nullptr) throw py::error_already_set();
+            py::object result = py::reinterpret_steal<py::object>(out);
+            return py::make_tuple(py::tuple(result), r.wrote());
+          },
+          "observe(); tuple(fn(*args)); stop(). Returns that tuple and whether the branch wrote.")
       .def("observe", &observe, "Forget the previous branch; record the ops this thread runs until stop().")
       .def("reset", &Recorder::reset, "Forget the previous branch.")
       .def("rebase", &Recorder::rebase, "The operands of the next branch.")
@@ -407,6 +480,11 @@ void bind_write_recorder(pybind11::module& m) {
       .def_property_readonly("wrote", &Recorder::wrote)
       .def_property_readonly("saved", &Recorder::saved)
       .def_property_readonly("refusal", [](const Recorder& r) { return as_tuple(r.refusal()); });
+  for (PyMethodDef* def = kRecorderMethods; def->ml_name != nullptr; ++def) {
+    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
+    if (fn == nullptr) throw py::error_already_set();
+    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
+  }
 }
 
 }  // namespace torchcond

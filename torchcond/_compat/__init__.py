@@ -561,6 +561,11 @@ def transforms_active() -> bool:
 _interpreter_stack = torch._C._functorch.get_interpreter_stack
 
 
+from torch._functorch.pyfunctorch import (  # noqa: E402
+    retrieve_current_functorch_interpreter as _current_interpreter,
+)
+
+
 def eager_functorch_interpreter():
     """The innermost torch.func level's interpreter, when a higher-order operator called
     now would go straight to it: a transform active and no dispatch or torch-function
@@ -568,9 +573,33 @@ def eager_functorch_interpreter():
     (``retrieve_current_functorch_interpreter`` since 2.1)."""
     if _peek_interpreter_stack() is None or tracing_active() or len_function_stack():
         return None
-    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+    return _current_interpreter()
 
-    return retrieve_current_functorch_interpreter()
+
+_VmapInterpreterPtr = torch._C._functorch.CVmapInterpreterPtr
+
+
+def eager_vmap_level(selector) -> tuple[int, int] | None:
+    """``(level, batch size)`` of the innermost torch.func level when it is a vmap that
+    batches ``selector`` and a higher-order operator called now would go straight to its
+    rule (as ``eager_functorch_interpreter``); None otherwise. 2.11-2.15 (the C
+    interpreter's ``key``/``level``, ``CVmapInterpreterPtr.batchSize``)."""
+    top = _peek_interpreter_stack()
+    if top is None or top.key() is not VMAP or tracing_active() or len_function_stack():
+        return None
+    level = top.level()
+    if not (isinstance(selector, torch.Tensor) and batched_at(selector, level)):
+        return None
+    return level, _VmapInterpreterPtr(top).batchSize()
+
+
+# A vmap level set aside and put back: what VmapInterpreter.lower() does (a generator
+# context manager around these two), for the vmap rule's select on the batch's own
+# tensors. 2.11-2.15.
+pop_vmap_level = torch._C._functorch.pop_dynamic_layer_stack
+push_vmap_level = torch._C._functorch.push_dynamic_layer_stack
+unwrap_dead_tensor = torch._C._functorch.unwrap_if_dead
+VMAP = torch._C._functorch.TransformType.Vmap
 
 
 def differentiating_transforms_active() -> bool:

@@ -28,21 +28,7 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
     """The functorch Vmap-key rule of both operators."""
     level = interpreter.level()
     if isinstance(selector, torch.Tensor) and _compat.batched_at(selector, level):
-        # A branch per example: every branch runs on the whole batch and one select
-        # picks per example. The branches run at this vmap level, not below it, so
-        # that tensors a branch closes over are batched as its operands are; the
-        # select runs below it, on the batch's own tensors.
-        labels = form.labels(len(branches))
-        every = run_every_branch(form, selector, branches, operands, labels)
-        size = interpreter.batch_size()
-        which, first = _C.batch_first([every.which, every.first], level, size)
-        outputs = [_C.batch_first(outs, level, size) for outs in every.outputs]
-        targets = {i: _written_per_example(operands[i], i, level, labels) for i in every.written}
-        with interpreter.lower():
-            out = select_outputs(which, first, outputs)
-            out = written_back(out, every.written, lambda i, value: targets[i].copy_(value))
-        # An output every branch returns unchanged keeps its own batching (none, say).
-        return every.merged(_C.batched(out, level))
+        return per_example(form, level, interpreter.batch_size(), selector, branches, operands)
     tensors, in_dims = _unbatch_all(operands, level)
     selector, selector_dim = _compat.unbatch(selector, level)
     with interpreter.lower():
@@ -56,6 +42,29 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
             interpreter.randomness(),
         )
     return tuple(_compat.batch(t, 0, level) for t in out)
+
+
+def per_example(form: Form, level: int, size: int, selector, branches, operands) -> tuple:
+    """The rule for a selector batched at vmap ``level`` (a batch of ``size``).
+
+    A branch per example: every branch runs on the whole batch and one select picks
+    per example. The branches run at this vmap level, not below it, so that tensors a
+    branch closes over are batched as its operands are; the select runs below it, on
+    the batch's own tensors.
+    """
+    labels = form.labels(len(branches))
+    every = run_every_branch(form, selector, branches, operands, labels)
+    which, first = _C.batch_first([every.which, every.first], level, size)
+    outputs = [_C.batch_first(outs, level, size) for outs in every.outputs]
+    targets = {i: _written_per_example(operands[i], i, level, labels) for i in every.written}
+    vmap_level = _compat.pop_vmap_level()  # the level's lower(), without its generator
+    try:
+        out = select_outputs(which, first, outputs)
+        out = written_back(out, every.written, lambda i, value: targets[i].copy_(value))
+    finally:
+        _compat.push_vmap_level(vmap_level)
+    # An output every branch returns unchanged keeps its own batching (none, say).
+    return every.merged(_C.batched(out, level))
 
 
 def map_conditional(

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import _compat
+from .. import _C, _compat
 from ..errors import BranchMismatchError
 from .pytrees import check_same_structure
 
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _MATCHING_ATTRIBUTES = ("dtype", "device", "layout", "ndim", "is_quantized", "is_sparse")
 
 
@@ -54,14 +55,15 @@ def check_agreement(
     runs and a select picks), the same shapes too."""
     if specs is not None:
         check_same_structure(labels, specs)
+    if not _dynamo_compiling() and type(branch_outputs) is list:
+        if _C.plainly_agree(branch_outputs, selected):  # the common case, in C
+            return
     counts = {len(outs) for outs in branch_outputs}
     if len(counts) != 1:
         found = ", ".join(f"{lab} returns {len(o)}" for lab, o in zip(labels, branch_outputs))
         raise BranchMismatchError(f"branches must return the same number of tensors: {found}")
     first_outs = branch_outputs[0]
     for j, first in enumerate(first_outs):
-        if _plainly_agree(first, [outs[j] for outs in branch_outputs[1:]], selected):
-            continue
         leaves = [outs[j] for outs in branch_outputs]
         why = _SELECTED if selected else ""
         for attr in _MATCHING_ATTRIBUTES:
@@ -78,24 +80,6 @@ def check_agreement(
             shapes = [tuple(t.shape) for t in leaves]
             if any(s != shapes[0] for s in shapes[1:]):
                 raise _mismatch(j, "", "shape", labels, shapes, why)
-
-
-def _plainly_agree(first: torch.Tensor, others, selected: bool) -> bool:
-    """The common case, decided in a few attribute reads: dense tensors of one dtype,
-    device and (when ``selected``) shape; otherwise the rules above decide."""
-    if first.layout is not _STRIDED or first.is_quantized:
-        return False
-    dtype, device, ndim = first.dtype, first.device, first.dim()
-    shape = first.shape if selected else None
-    for t in others:
-        if t.dtype is not dtype or t.layout is not _STRIDED or t.device != device:
-            return False
-        if (t.shape != shape) if selected else (t.dim() != ndim):
-            return False
-    return True
-
-
-_STRIDED = torch.strided
 
 
 def _mismatch(j: int, where: str, what: str, labels, values, why: str = "") -> BranchMismatchError:

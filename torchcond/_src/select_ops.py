@@ -106,9 +106,16 @@ def select(
     """
     true_values = _as_list(true_values, "select", "true_values", _TENSORS, _ONE_OUTPUT)
     false_values = _as_list(false_values, "select", "false_values", _TENSORS, _ONE_OUTPUT)
+    return select_lists(pred, true_values, false_values)
+
+
+def select_lists(pred: torch.Tensor, true_values: list, false_values: list) -> list:
+    """``select`` for two lists of tensors (torchcond's own calls)."""
     try:
         if _compat.tracing_active():
             return _select_differentiable(pred, true_values, false_values)
+        if not (_compat.transforms_active() or torch.is_grad_enabled()):
+            return _C.select_below_autograd(pred, true_values, false_values)  # the common case
         return _select_eager(pred, true_values, false_values)
     except _OP_ERRORS as error:
         _raise_argument_error(

@@ -143,21 +143,19 @@ def run_every_branch(
     else:
         refused, guarded = [False] * len(operands), []
     writes = BranchWrites(operands, refused)
-    outputs, values, given = [], [], []
-    for k, branch in enumerate(branches):
-        inputs = operands
-        if differentiable:
+    if differentiable:
+        outputs, values, given = [], [], []
+        for k, branch in enumerate(branches):
             mask = _Mask(first, which, k)
-            if guarded:
-                inputs = _masked(mask(), operands, guarded)
+            inputs = _masked(mask(), operands, guarded) if guarded else operands
             masked = _closures_masked(mask, inputs, writes, grad_mode)
-            outs = writes.run(labels[k], branch, inputs, masked)
-        else:
-            outs = writes.run(labels[k], branch, inputs)
-        outs, new_values = writes.finish(outs)
-        outputs.append(outs)
-        values.append(new_values)
-        given.append(inputs)
+            outs, new_values = writes.finish(writes.run(labels[k], branch, inputs, masked))
+            outputs.append(outs)
+            values.append(new_values)
+            given.append(inputs)
+    else:  # every branch reads the operands themselves
+        outputs, values = writes.run_all(labels, branches, operands)
+        given = None
     check_agreement(outputs, labels, selected=True)
     same = _same_outputs(outputs, given, operands)
     written = sorted({i for mine in values for i in mine}) if any(values) else []
@@ -212,14 +210,19 @@ def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool)
 
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:
     """Output positions where every branch returns the same tensor: the same operand
-    (each branch's masked stand-in of it counts as the operand), or the same object."""
+    (each branch's masked stand-in of it counts as the operand), or the same object.
+    ``given`` None: every branch read the operands themselves."""
     first, rest = outputs[0], outputs[1:]
-    if all(inputs is operands for inputs in given):  # no stand-ins: the same object
-        return {j: out for j, out in enumerate(first) if all(o[j] is out for o in rest)}
     same = {}
     for j, out in enumerate(first):
-        value = _original(out, given[0], operands)
-        if all(_original(o[j], i, operands) is value for o, i in zip(rest, given[1:])):
+        value = out if given is None else _original(out, given[0], operands)
+        for k, outs in enumerate(rest):
+            other = outs[j]
+            if other is not value and (
+                given is None or _original(other, given[k + 1], operands) is not value
+            ):
+                break
+        else:
             same[j] = value
     return same
 
@@ -238,7 +241,7 @@ def select_outputs(which, first, outputs) -> tuple:
     if not outputs[0]:
         return ()
     if which is None or len(outputs) == 2:
-        return tuple(select_ops.select(first, outputs[0], outputs[1]))
+        return tuple(select_ops.select_lists(first, list(outputs[0]), list(outputs[1])))
     return tuple(select_ops.select_n(which, outputs))
 
 

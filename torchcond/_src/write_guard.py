@@ -73,24 +73,29 @@ _WHY = (
 
 class BranchWrites:
     """The writes of one conditional call's branches to its ``operands``, recorded one
-    branch at a time: ``run`` a branch, then ``finish`` it. ``refuse_grad[i]``: a write
-    to operand ``i`` is refused because it needs a gradient."""
+    branch at a time: ``run`` a branch, then ``finish`` it (or ``run_all``).
+    ``refuse_grad[i]``: a write to operand ``i`` is refused because it needs a
+    gradient."""
 
     def __init__(self, operands: Sequence, refuse_grad: Sequence[bool]):
         self.label = ""
         self._inputs = operands
+        self._refuse = list(refuse_grad)
         self._wrote = False
-        if _is_dynamo_compiling():  # dynamo records no writes (see above)
-            self._recorder = None
-            return
-        self._plain = _C.plain_tensors(operands, True)
-        self._recorder = _C.WriteRecorder(self._bases(operands), list(refuse_grad))
+        self._recorder = None  # the last branch's, made when a branch runs
+        # Dynamo records no writes (see above).
+        self._records = not _is_dynamo_compiling()
 
     def _bases(self, operands: Sequence) -> Sequence:
         """The tensors under the operands' torch.func wrappers (none outside a transform)."""
-        if self._plain and not _transforms_active():
+        if not _transforms_active() and _C.plain_tensors(operands, True):
             return operands
         return [_functorch_base(t) if isinstance(t, _Tensor) else None for t in operands]
+
+    def _observing(self, inputs) -> bool:
+        """Whether the recorder's dispatch key can see this branch's ops (the common
+        case), rather than ``_WriteRecorder``."""
+        return _OBSERVE and not _len_dispatch_stack() and _C.plain_tensors(inputs, True)
 
     def stand_in(self, t: torch.Tensor) -> None:
         """``t`` is read in place of a tensor from outside the branch: made in the
@@ -104,31 +109,54 @@ class BranchWrites:
         the operands, or the operands). Raises ``BranchMutationError`` for a refused
         write, and after any error leaves the operands as they were."""
         self.label = label
-        recorder = self._recorder
-        if recorder is None:
+        if not self._records:
             return _within(context, branch, inputs)
-        if inputs is not self._inputs:
-            recorder.rebase(self._bases(inputs))
-            self._inputs = inputs
-        observing = _OBSERVE and self._plain and not _len_dispatch_stack()
-        if observing:
-            recorder.observe()
-        else:
-            recorder.reset()
-            context = (*context, _WriteRecorder(self))
+        if self._recorder is None:
+            self._recorder = _C.WriteRecorder(self._bases(inputs), self._refuse)
+        elif inputs is not self._inputs:
+            self._recorder.rebase(self._bases(inputs))
+        self._inputs = inputs
+        recorder = self._recorder
         try:
-            out = tuple(branch(*inputs)) if not context else _within(context, branch, inputs)
+            if self._observing(inputs):
+                out, self._wrote = _within(context, recorder.run, (branch, inputs), tuple)
+            else:
+                recorder.reset()
+                out = _within((*context, _WriteRecorder(self)), branch, inputs)
+                self._wrote = recorder.wrote
         except BaseException as error:
-            if observing:
-                recorder.stop()
             self._undo_and_raise(error)
             raise
-        if observing:
-            recorder.stop()
-        self._wrote = recorder.wrote
         if self._wrote:  # a plain write's saved value is taken in finish()
             self._undo_and_raise(None)
         return out
+
+    def run_all(self, labels: Sequence[str], branches: Sequence[Callable], inputs) -> tuple:
+        """``run`` then ``finish`` each branch, all on ``inputs`` and without a context:
+        every branch's outputs, and for each the operands' new values it wrote. Where
+        the recorder observes, one call runs the branches until one writes."""
+        if not (self._records and type(inputs) is tuple and self._observing(inputs)):
+            done = [self.finish(self.run(label, b, inputs)) for label, b in zip(labels, branches)]
+            return [outs for outs, _ in done], [values for _, values in done]
+        self._inputs = inputs
+        outputs: list = []
+        values: list = []
+        while len(outputs) < len(branches):
+            outs, k, self._recorder, error = _C.run_recorded(
+                branches, inputs, self._refuse, len(outputs)
+            )
+            outputs += outs
+            values += [{}] * len(outs)
+            if k < 0:
+                break
+            self.label = labels[k]
+            if error is not None:
+                self._undo_and_raise(error)
+                raise error
+            # A write to an operand, saved: its value taken, the old one put back.
+            self._wrote = True
+            outputs[-1], values[-1] = self.finish(outputs[-1])
+        return outputs, values
 
     def _undo_and_raise(self, error: BaseException | None) -> None:
         """After an ``error`` or a refused write: undo every write of the branch and raise
@@ -172,11 +200,12 @@ class BranchWrites:
         return outputs, values
 
 
-def _within(context, branch, operands) -> tuple:
+def _within(context, fn, args, result=tuple):
+    """``result(fn(*args))`` under the context managers ``context``."""
     if not context:
-        return tuple(branch(*operands))
+        return result(fn(*args))
     with context[0]:
-        return _within(context[1:], branch, operands)
+        return _within(context[1:], fn, args, result)
 
 
 class _WriteRecorder(_compat.TorchDispatchMode):
