@@ -85,7 +85,7 @@ def flatten_output(out, label: str) -> tuple[list, pytree.TreeSpec]:
         if kind is _Tensor:
             return [out], _LEAF
         if (kind is tuple or kind is list) and all(type(o) is _Tensor for o in out):
-            return list(out), _sequence_spec(kind, len(out))
+            return list(out), _sequence_spec(tuple if kind is tuple else list, len(out))
     flat, spec = pytree.tree_flatten(
         pytree.tree_map(lambda leaf: _NO_OUTPUT if leaf is None else leaf, out)
     )

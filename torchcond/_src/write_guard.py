@@ -82,9 +82,15 @@ class BranchWrites:
         self._inputs = operands
         self._refuse = list(refuse_grad)
         self._wrote = False
-        self._recorder = None  # the last branch's, made when a branch runs
+        self._recorder: _C.WriteRecorder | None = None  # the last branch's, made when one runs
         # Dynamo records no writes (see above).
         self._records = not _is_dynamo_compiling()
+
+    @property
+    def recorder(self) -> _C.WriteRecorder:
+        """The last branch's recorder (once a branch has run)."""
+        assert self._recorder is not None, "no branch has run"
+        return self._recorder
 
     def _bases(self, operands: Sequence) -> Sequence:
         """The tensors under the operands' torch.func wrappers (none outside a transform)."""
@@ -116,7 +122,7 @@ class BranchWrites:
         elif inputs is not self._inputs:
             self._recorder.rebase(self._bases(inputs))
         self._inputs = inputs
-        recorder = self._recorder
+        recorder = self.recorder
         try:
             if self._observing(inputs):
                 out, self._wrote = _within(context, recorder.run, (branch, inputs), tuple)
@@ -162,7 +168,7 @@ class BranchWrites:
         """After an ``error`` or a refused write: undo every write of the branch and raise
         the refusal (from ``error``), or return for the caller to raise ``error``. With
         neither (a write the recorder saved for finish()), return."""
-        recorder = self._recorder
+        recorder = self.recorder
         refusal = recorder.refusal
         if error is None and refusal is None:
             return
@@ -188,7 +194,7 @@ class BranchWrites:
         ``x``)."""
         if not self._wrote:
             return outputs, {}
-        saved = self._recorder.saved
+        saved = self.recorder.saved
         inputs = self._inputs
         written = {_storage_id(inputs[i]) for i, _ in saved}
         outputs = tuple(
@@ -196,7 +202,7 @@ class BranchWrites:
             for o in outputs
         )
         values = {i: inputs[i].clone() for i, _ in sorted(saved, key=lambda s: s[0])}
-        self._recorder.undo()
+        self.recorder.undo()
         return outputs, values
 
 
@@ -219,7 +225,7 @@ class _WriteRecorder(_compat.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         writes, fresh = _effects(func)
-        recorder = self.writes._recorder
+        recorder = self.writes.recorder
         if writes:
             for value in written_arguments(func, args, kwargs):
                 if isinstance(value, torch.Tensor):
