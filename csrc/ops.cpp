@@ -8,9 +8,12 @@
 // which this module exposes to Python as _check_select and _check_select_n.
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/utils/pybind.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
 #include "select_common.h"
+#include "write_recorder.h"
 
 namespace torchcond {
 
@@ -75,4 +78,27 @@ PYBIND11_MODULE(_C, m) {
       },
       pybind11::arg("index"), pybind11::arg("cases"), pybind11::arg("num_branches"));
   m.def("_needs_derivative", &torchcond::needs_derivative, pybind11::arg("values"));
+  // The operators called below the Autograd key, for an eager call whose values need no
+  // gradient: what `with torch._C._AutoDispatchBelowAutograd(): op(...)` does, without
+  // the Python around it (torchcond/_src/select_ops.py).
+  m.def("select_below_autograd",
+        [](const at::Tensor& pred, const std::vector<at::Tensor>& true_values,
+           const std::vector<at::Tensor>& false_values) {
+          static const auto op = c10::Dispatcher::singleton()
+                                     .findSchemaOrThrow("torchcond::select", "")
+                                     .typed<std::vector<at::Tensor>(const at::Tensor&, at::TensorList, at::TensorList)>();
+          at::AutoDispatchBelowAutograd below;
+          return op.call(pred, true_values, false_values);
+        });
+  m.def("select_n_below_autograd",
+        [](const at::Tensor& index, const std::vector<at::Tensor>& cases, int64_t num_branches) {
+          static const auto op = c10::Dispatcher::singleton()
+                                     .findSchemaOrThrow("torchcond::select_n", "")
+                                     .typed<std::vector<at::Tensor>(const at::Tensor&, at::TensorList, int64_t)>();
+          at::AutoDispatchBelowAutograd below;
+          return op.call(index, cases, num_branches);
+        });
+  torchcond::bind_write_recorder(m);
+  torchcond::bind_eager(m);
+  torchcond::bind_batching(m);
 }

@@ -167,6 +167,46 @@ def test_a_torch_function_mode_takes_the_checked_path_and_stays_a_python_if():
     assert calls == ["t", 1] and torch.equal(out, torch.ones(2))
 
 
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda x: cond(torch.tensor(1j), torch.sin, torch.cos, (x,)), "real or bool dtype"),
+        (lambda x: cond(torch.ones(2) > 0, torch.sin, torch.cos, (x,)), "exactly one element"),
+        (lambda x: cond(torch.tensor(True), "sin", torch.cos, (x,)), "must be callable"),
+        (lambda x: switch(torch.tensor(True), [torch.sin], (x,)), "integer dtype"),
+        (lambda x: switch(torch.tensor(0.0), [torch.sin], (x,)), "integer dtype"),
+        (lambda x: switch(torch.tensor([0, 1]), [torch.sin], (x,)), "exactly one element"),
+        (lambda x: switch(torch.tensor(0), [], (x,)), "at least one callable"),
+        (lambda x: cond(torch.tensor(True), torch.sin, torch.cos, x), "tuple or list"),
+    ],
+)
+def test_what_the_fast_path_does_not_take_is_refused_by_name(call, error):
+    # The eager fast path (one C call) sends every call it cannot check to the slow
+    # path, which says what is wrong.
+    with pytest.raises(torchcond.CondArgumentError, match=error):
+        call(torch.ones(2))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+def test_a_jit_trace_warns_as_it_does_for_a_python_if():
+    def f(x):
+        return cond(x.sum() > 0, torch.sin, torch.cos, (x,))
+
+    with pytest.warns(torch.jit.TracerWarning, match="Python boolean"):
+        torch.jit.trace(f, torch.ones(2))
+
+
+def test_parameters_and_subclasses_get_what_a_python_if_gives():
+    class Marked(torch.Tensor):
+        pass
+
+    p = torch.nn.Parameter(torch.ones(2))
+    m = torch.ones(2).as_subclass(Marked)
+    assert torch.equal(cond(torch.tensor(True), lambda a: a * 2, torch.sin, (p,)), p * 2)
+    assert cond(torch.tensor(False).as_subclass(Marked), torch.sin, lambda a: a, (m,)) is m
+    assert switch(torch.tensor(5), [torch.sin, lambda a: a], [m]) is m
+
+
 def _switch_modes():
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -254,7 +254,7 @@ def test_per_example_predicate_needs_selectable_outputs():
     # Shapes as each example's branch returns them (under vmap, not the batch's).
     with pytest.raises(
         BranchMismatchError,
-        match=r"output\['h'\]: every branch runs .* agree on shape: true_fn gives \(3,\), false_fn gives \(2,\)",
+        match=r"output\['h'\]: every branch runs .* agree on shape; true_fn gives \(3,\), false_fn gives \(2,\)",
     ):
         torch.vmap(lambda x: cond(x.sum() > 0, lambda a: {"h": a}, lambda a: {"h": a[:2]}, (x,)))(
             xs

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import io
+import itertools
 import re
 
 import pytest
@@ -428,6 +429,141 @@ def _python_if(taken: bool, x, y):
         y[:1].add_(x[:1])
         return x * 2
     return x + y
+
+
+# --- every branch runs: writes that happen only on some calls, and through views -------
+
+
+def _every_branch(how: str, t, f, taken: bool, operands):
+    """``cond`` run with every branch, and what a Python ``if`` gives: ``"select"`` takes
+    ``taken`` for all, ``"vmap"`` over the operands' first dimension takes ``taken`` for
+    the first example and the other branch for the second. The reference runs on copies
+    of the operands, returned after its output."""
+    refs = [o.clone() for o in operands]
+    if how == "select":
+        expected = t(*refs) if taken else f(*refs)
+        out = cond(torch.tensor(taken), t, f, operands, strategy="select")
+    else:
+        flags = [taken, not taken]
+        expected = torch.stack(
+            [(t if p else f)(*rows) for p, *rows in zip(flags, *refs, strict=True)]
+        )
+        out = torch.vmap(lambda p, *xs: cond(p, t, f, xs))(torch.tensor(flags), *operands)
+    return out, expected, refs
+
+
+EVERY_BRANCH = pytest.mark.parametrize("how", ["select", "vmap"])
+
+
+@EVERY_BRANCH
+def test_a_branch_that_writes_on_some_calls_only_writes_where_taken(how):
+    # Whether the branch writes is decided on the host, call by call: each call is
+    # recorded afresh, and where the branch is not taken its write does not land.
+    write = [False]
+
+    def t(x, y):
+        if write[0]:
+            y.add_(x)
+        return x * 2
+
+    def f(x, y):
+        return x - y
+
+    for write[0], taken in itertools.product((False, True, False, True), (True, False)):
+        x, y = torch.ones(2, 3), torch.zeros(2, 3)
+        out, expected, (_, y_ref) = _every_branch(how, t, f, taken, (x, y))
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(y, y_ref)
+
+
+@EVERY_BRANCH
+def test_a_write_to_a_closure_on_some_calls_is_refused_on_those_calls(how):
+    w, write = torch.zeros(3), [False]
+
+    def t(x):
+        if write[0]:
+            w[1:].add_(1)  # through a view
+        return x + 1
+
+    def run(x):
+        if how == "select":
+            return cond(torch.tensor(False), t, torch.sin, (x,), strategy="select")
+        flags = torch.tensor([False, True])
+        return torch.vmap(lambda p, x: cond(p, t, torch.sin, (x,)))(flags, x)
+
+    for write[0] in (False, True, False, True):
+        x = torch.ones(2, 3)
+        if not write[0]:
+            out, expected, _ = _every_branch(how, t, torch.sin, False, (x,))
+            torch.testing.assert_close(out, expected)
+            continue
+        with pytest.raises(
+            BranchMutationError,
+            match=r"true_fn writes in place .* from outside it \(shape \(2,\)\)",
+        ):
+            run(x)
+        torch.testing.assert_close(w, torch.zeros(3))
+
+
+class _ViewWriter(torch.nn.Module):
+    """Writes to its buffer through views of it in one branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(4, 3))
+
+    def forward(self, p, x):
+        def t(x):
+            self.buf[:2].add_(x.sum())
+            return x * 2
+
+        return cond(p, t, lambda x: x + 1, (x,), strategy="select")
+
+
+def test_a_write_through_a_view_of_a_buffer_the_branch_closes_over_is_refused():
+    m = _ViewWriter()
+    for taken in (True, False):
+        with pytest.raises(
+            BranchMutationError, match=r"true_fn writes in place \(aten.add_.Tensor\) to a tensor"
+        ):
+            m(torch.tensor(taken), torch.ones(3))
+        torch.testing.assert_close(m.buf, torch.zeros(4, 3))
+
+
+@EVERY_BRANCH
+def test_a_write_through_a_view_of_a_buffer_operand_lands_where_taken(how):
+    def t(x, buf):
+        buf[1:3].mul_(2)
+        buf[0, :1].add_(x.sum())
+        return x * 2
+
+    def f(x, buf):
+        return x + buf[0]
+
+    for taken in (True, False):
+        x, buf = torch.ones(2, 3), torch.arange(24.0).view(2, 4, 3)
+        if how == "select":
+            x, buf = x[0], buf[0]
+        out, expected, (_, buf_ref) = _every_branch(how, t, f, taken, (x, buf))
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(buf, buf_ref)
+
+
+def test_a_write_to_memory_around_an_operand_is_refused():
+    # The operand is a row of a buffer the branch also closes over: a write to another
+    # row cannot be selected as the operand's value, so it is refused and nothing lands.
+    buf = torch.zeros(4, 3)
+
+    def t(row):
+        buf[1].add_(1)
+        return row + 1
+
+    with pytest.raises(
+        BranchMutationError,
+        match=re.escape("to memory of its input operands[0]'s storage outside operands[0] itself"),
+    ):
+        cond(torch.tensor(False), t, torch.sin, (buf[0],), strategy="select")
+    torch.testing.assert_close(buf, torch.zeros(4, 3))
 
 
 def _inference_graph(model, *args) -> torch.fx.GraphModule:

@@ -624,6 +624,61 @@ def torch_func_level_active() -> bool:
     return _peek_interpreter_stack() is not None
 
 
+_interpreter_stack = torch._C._functorch.get_interpreter_stack
+
+
+from torch._functorch.pyfunctorch import (  # noqa: E402
+    retrieve_current_functorch_interpreter as _current_interpreter,
+)
+
+
+def eager_functorch_interpreter():
+    """The innermost torch.func level's interpreter, when a higher-order operator called
+    now would go straight to it: a transform active and no dispatch or torch-function
+    mode, no pre-dispatch tracing, no dynamo. None otherwise. 2.11-2.15
+    (``retrieve_current_functorch_interpreter`` since 2.1)."""
+    if _peek_interpreter_stack() is None or tracing_active() or len_function_stack():
+        return None
+    return _current_interpreter()
+
+
+_VmapInterpreterPtr = torch._C._functorch.CVmapInterpreterPtr
+
+
+def eager_vmap_level(selector) -> tuple[int, int] | None:
+    """``(level, batch size)`` of the innermost torch.func level when it is a vmap that
+    batches ``selector`` and a higher-order operator called now would go straight to its
+    rule (as ``eager_functorch_interpreter``); None otherwise. 2.11-2.15 (the C
+    interpreter's ``key``/``level``, ``CVmapInterpreterPtr.batchSize``)."""
+    top = _peek_interpreter_stack()
+    if top is None or top.key() is not VMAP or tracing_active() or len_function_stack():
+        return None
+    level = top.level()
+    if not (isinstance(selector, torch.Tensor) and batched_at(selector, level)):
+        return None
+    return level, _VmapInterpreterPtr(top).batchSize()
+
+
+# A vmap level set aside and put back: what VmapInterpreter.lower() does (a generator
+# context manager around these two), for the vmap rule's select on the batch's own
+# tensors. 2.11-2.15.
+pop_vmap_level = torch._C._functorch.pop_dynamic_layer_stack
+push_vmap_level = torch._C._functorch.push_dynamic_layer_stack
+unwrap_dead_tensor = torch._C._functorch.unwrap_if_dead
+VMAP = torch._C._functorch.TransformType.Vmap
+
+
+def differentiating_transforms_active() -> bool:
+    """True while a torch.func transform that differentiates (grad, jvp) or a forward-AD
+    level is active; vmap alone differentiates nothing. 2.11-2.15
+    (``get_interpreter_stack`` lists the levels, outermost first, or is None)."""
+    if _forward_ad._current_level >= 0:
+        return True
+    if _peek_interpreter_stack() is None:
+        return False
+    return any(i.key() in DIFFERENTIATING_TRANSFORMS for i in _interpreter_stack())
+
+
 # --- dispatch modes that trace nothing (modes.py) --------------------------------------
 # At the Python key, HigherOrderOperator.dispatch looks a mode's rule up by the mode's
 # exact type (``python_key_table``); a mode without one gets the operator in its
@@ -677,6 +732,10 @@ import torch.autograd.profiler as _autograd_profiler  # noqa: E402
 
 def profiler_enabled() -> bool:
     return _autograd_profiler._is_profiler_enabled
+
+
+# The same flag for C++ (torchcond._C.eager_init): the module and the attribute's name.
+PROFILER_FLAG = (_autograd_profiler, "_is_profiler_enabled")
 
 
 @contextlib.contextmanager

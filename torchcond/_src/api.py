@@ -13,14 +13,13 @@ from typing import TypeVar
 
 import torch
 
-from .. import _compat
+from .. import _C, _compat
 from .._compat import pytree
 from .._compat.dynamo import raise_at_compile_time as _raise_compiled
 from .._compat.dynamo import tracing_a_subgraph as _in_subgraph
 from ..errors import CondArgumentError, CondError
 from . import strategies
 from .forms import (
-    INTEGER_DTYPES,
     Form,
     check_branch_list,
     check_callables,
@@ -30,7 +29,7 @@ from .forms import (
     readable_on_host,
     switch_labels,
 )
-from .ops import cond_op, form_of, switch_op
+from .ops import call, cond_op, form_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
 from .strategies import Strategy
 
@@ -38,14 +37,15 @@ from .strategies import Strategy
 _Out = TypeVar("_Out")
 
 _Tensor = torch.Tensor
-# The fast path's test for "maybe tracing": dynamo (first: dynamo folds it and never
-# sees the rest), or any dispatch or torch-function mode. A superset of
-# _compat.tracing_active() (pre-dispatch tracing always pushes a function mode) that costs
-# no Python frame; the slow path decides precisely.
-_dispatch_modes = _compat.len_dispatch_stack
-_function_modes = _compat.len_function_stack
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
-_capturing = torch.cuda.is_current_stream_capturing
+# The eager fast path: every check that a Python `if` gives what the conditional would
+# (a plain tensor selector read on the host, plain tensor operands, no dispatch or
+# torch-function mode, no CUDA graph capturing on the selector's device, no profiler,
+# no torch.jit trace), then the selector read, in one C call (csrc/eager.cpp): the
+# branch to call, or None for the slow path, which decides precisely.
+_C.eager_init(*_compat.PROFILER_FLAG, torch.cuda.is_current_stream_capturing)
+_taken_branch = _C.taken_branch
+_taken_case = _C.taken_case
 # A profiler runs: the slow path adds the conditional's ranges (``_slow``).
 _profiling = _compat.profiler_enabled
 # Module-level names for what the dynamo path reads: a compiled function guards on
@@ -144,29 +144,15 @@ def cond(
     """
     if _dynamo_compiling():
         return _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy)
-    if (
-        strategy == "auto"
-        and not check_branches
-        and type(pred) is _Tensor
-        and callable(true_fn)
-        and callable(false_fn)
-        and _plain_operands(operands)
-        and not (_dispatch_modes() or _function_modes())
-        and (pred.dtype is _BOOL or not pred.is_complex())
-        and not (pred.is_cuda and _capturing())  # a host read would break the capture
-        and not _profiling()
-    ):
-        try:
-            taken = pred.__bool__()
-        except RuntimeError:  # several elements, or batched by vmap: explained below
-            return _slow(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)
-        try:
-            return true_fn(*operands) if taken else false_fn(*operands)
-        except TypeError as error:  # free when nothing is raised
-            raise_if_arity_error(
-                error, *((true_fn, "true_fn") if taken else (false_fn, "false_fn")), operands
-            )
-            raise
+    if strategy == "auto" and not check_branches:
+        fn = _taken_branch(pred, true_fn, false_fn, operands)
+        if fn is not None:
+            try:
+                return fn(*operands)
+            except TypeError as error:  # free when nothing is raised
+                label = "true_fn" if bool(pred) else "false_fn"
+                raise_if_arity_error(error, fn, label, operands)
+                raise
     return _slow(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)
 
 
@@ -224,29 +210,15 @@ def switch(
     """
     if _dynamo_compiling():
         return _switch_under_dynamo(index, branches, operands, strategy)
-    if (
-        strategy == "auto"
-        and not check_branches
-        and type(index) is _Tensor
-        and type(branches) is list
-        and branches
-        and _all_callable(branches)
-        and _plain_operands(operands)
-        and not (_dispatch_modes() or _function_modes())
-        and index.dtype in INTEGER_DTYPES
-        and not (index.is_cuda and _capturing())
-        and not _profiling()
-    ):
-        try:
-            i = index.__index__()
-        except (RuntimeError, TypeError):  # several elements, meta, batched: explained below
-            return _slow(_SWITCH, index, branches, operands, strategy, check_branches)
-        i = min(max(i, 0), len(branches) - 1)
-        try:
-            return branches[i](*operands)
-        except TypeError as error:
-            raise_if_arity_error(error, branches[i], f"branches[{i}]", operands)
-            raise
+    if strategy == "auto" and not check_branches:
+        fn = _taken_case(index, branches, operands)
+        if fn is not None:
+            try:
+                return fn(*operands)
+            except TypeError as error:
+                i = min(max(int(index), 0), len(branches) - 1)
+                raise_if_arity_error(error, fn, f"branches[{i}]", operands)
+                raise
     return _slow(_SWITCH, index, branches, operands, strategy, check_branches)
 
 
@@ -374,8 +346,11 @@ def _run_taken(fn, label: str, operands):
 
 def _call_operator(op, selector, labelled_branches, operands):
     """``op(selector, *branches, operands)`` on flat operands; the user's pytree rebuilt."""
+    form = form_of(op)
     return run_flat(
-        labelled_branches, operands, lambda branches, flat, labels: op(selector, *branches, flat)
+        labelled_branches,
+        operands,
+        lambda branches, flat, labels: call(form, selector, branches, flat),
     )
 
 
@@ -422,27 +397,9 @@ def _warn_if_exporting(form: Form, value) -> None:
 # --- validation -----------------------------------------------------------------------
 
 
-def _all_callable(branches) -> bool:
-    """``all(map(callable, branches))`` without the generator: the fast path's test."""
-    for b in branches:
-        if not callable(b):
-            return False
-    return True
-
-
-def _plain_operands(operands) -> bool:
-    """A tuple/list of plain tensors: the common case, checked without pytree."""
-    if type(operands) is not tuple and type(operands) is not list:
-        return False
-    for o in operands:
-        if type(o) is not _Tensor:
-            return False
-    return True
-
-
 def _tensor_sequence(operands) -> bool:
-    # isinstance, not _plain_operands' exact type test: under dynamo, ``type(o)`` is
-    # reached through torch's own module and would cost an alias guard per call.
+    # isinstance, not an exact type test: under dynamo, ``type(o)`` is reached through
+    # torch's own module and would cost an alias guard per call.
     return type(operands) in (tuple, list) and all(isinstance(o, _Tensor) for o in operands)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from .. import _compat
+from .. import _C, _compat
 from ..errors import BranchMutationError
 from .closures import UNBATCHED, Mapped
 from .forms import Form
@@ -30,30 +30,7 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
     level = interpreter.level()
     size = interpreter.batch_size()
     if isinstance(selector, torch.Tensor) and _compat.batched_at(selector, level):
-        # A branch per example: every branch runs on the whole batch and one select
-        # picks per example. The branches run at this vmap level, not below it, so
-        # that tensors a branch closes over are batched as its operands are; the
-        # select runs below it, on the batch's own tensors.
-        labels = form.labels(len(branches))
-        copies = _copied_operands(branches)
-        runs = [logical_sizes(b) for b in branches]
-        every = run_every_branch(form, selector, runs, operands, labels)
-        which, first = (
-            _batch_first(t, level, size) if t is not None else None
-            for t in (every.which, every.first)
-        )
-        outputs = [[_batch_first(t, level, size) for t in outs] for outs in every.outputs]
-        targets = {i: _written_per_example(operands[i], i, level, labels) for i in every.written}
-        with interpreter.lower():
-            out = select_outputs(which, first, outputs)
-            out = written_back(out, every.written, lambda i, value: targets[i].copy_(value))
-        # An output every branch returns unchanged keeps its own batching (none, say);
-        # so does a copy of an operand every branch graph returns (a traced identity).
-        out = every.merged([_compat.batch(t, 0, level) for t in out])
-        return tuple(
-            operands[copies[j]].clone() if j in copies and j not in every.same else t
-            for j, t in enumerate(out)
-        )
+        return per_example(form, level, size, selector, branches, operands)
     # One selector for the batch: one conditional of mapped branches, below this level.
     tensors, in_dims = _unbatch_all(operands, level)
     unchanged = _Unchanged(len(branches))
@@ -89,6 +66,36 @@ def _copied_operands(branches) -> dict[int, int]:
     return {j: i for j, i in first.items() if all(r.get(j) == i for r in rest)}
 
 
+def per_example(form: Form, level: int, size: int, selector, branches, operands) -> tuple:
+    """The rule for a selector batched at vmap ``level`` (a batch of ``size``).
+
+    A branch per example: every branch runs on the whole batch and one select picks
+    per example. The branches run at this vmap level, not below it, so that tensors a
+    branch closes over are batched as its operands are; the select runs below it, on
+    the batch's own tensors.
+    """
+    labels = form.labels(len(branches))
+    copies = _copied_operands(branches)
+    runs = [logical_sizes(b) for b in branches]
+    every = run_every_branch(form, selector, runs, operands, labels)
+    which, first = _C.batch_first([every.which, every.first], level, size)
+    outputs = [_C.batch_first(outs, level, size) for outs in every.outputs]
+    targets = {i: _written_per_example(operands[i], i, level, labels) for i in every.written}
+    vmap_level = _compat.pop_vmap_level()  # the level's lower(), without its generator
+    try:
+        out = select_outputs(which, first, outputs)
+        out = written_back(out, every.written, lambda i, value: targets[i].copy_(value))
+    finally:
+        _compat.push_vmap_level(vmap_level)
+    # An output every branch returns unchanged keeps its own batching (none, say);
+    # so does a copy of an operand every branch graph returns (a traced identity).
+    out = every.merged(_C.batched(out, level))
+    return tuple(
+        operands[copies[j]].clone() if j in copies and j not in every.same else t
+        for j, t in enumerate(out)
+    )
+
+
 def map_conditional(
     form: Form, selector, selector_dim, branches, operands, in_dims, batch_size, randomness
 ) -> tuple:
@@ -102,10 +109,10 @@ def map_conditional(
         return tuple(form.op(selector, *each, tuple(operands)))
 
     # The conditional per example, whose vmap rule (above) runs every branch and selects.
-    def per_example(selector, *operands):
+    def one_example(selector, *operands):
         return tuple(form.op(selector, *branches, operands))
 
-    mapped = torch.vmap(per_example, in_dims=(selector_dim, *in_dims), randomness=randomness)
+    mapped = torch.vmap(one_example, in_dims=(selector_dim, *in_dims), randomness=randomness)
     return mapped(selector, *operands)
 
 
@@ -171,15 +178,3 @@ def _written_per_example(operand: torch.Tensor, i: int, level: int, labels) -> t
             "the new value instead",
         )
     return physical.movedim(dim, 0)
-
-
-def _batch_first(t: torch.Tensor, level: int, size: int) -> torch.Tensor:
-    """The batch's own tensor for ``t`` at vmap ``level``, batch dimension first."""
-    physical, dim = _compat.unbatch(t, level)
-    return physical.movedim(dim, 0) if dim is not None else _broadcast_batch(physical, size)
-
-
-def _broadcast_batch(value, batch_size: int):
-    if not isinstance(value, torch.Tensor):
-        return value
-    return value.expand(batch_size, *value.shape)

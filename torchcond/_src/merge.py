@@ -1,8 +1,12 @@
-"""Several branches' fake outputs -> the one output the operator promises.
+"""Several branches' outputs: whether they agree, and merged into one fake output.
 
-Used wherever the taken branch is unknown (fake tensors, meta tensors, symbolic
-predicates): every branch runs, and their outputs must agree on everything but sizes.
-Sizes that differ become fresh unbacked SymInts whose range covers every branch.
+``check_agreement`` is the one rule for whether branches' outputs can be one
+conditional's, used by every path: tracing (here, below), every branch run and
+selected (strategies.py, with equal shapes on top) and dynamo's speculation.
+
+Where the taken branch is unknown (fake tensors, meta tensors, symbolic predicates)
+every branch runs, and their outputs must agree on everything but sizes. Sizes that
+differ become fresh unbacked SymInts whose range covers every branch.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import _compat
+from .. import _C, _compat
 from ..errors import BranchMismatchError
+from .pytrees import check_same_structure
 
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _MATCHING_ATTRIBUTES = ("dtype", "device", "layout", "ndim", "is_quantized", "is_sparse")
 
 
@@ -29,32 +35,61 @@ def merge_branch_outputs(
     )
 
 
+# Where every branch runs and a select picks each element, the shapes must agree too.
+_SELECTED = (
+    "every branch runs and each element is selected on the device (strategy='select', "
+    "or vmap with a per-example selector), so "
+)
+
+
 def check_agreement(
-    branch_outputs: Sequence[Sequence[torch.Tensor]], labels: Sequence[str]
+    branch_outputs: Sequence[Sequence[torch.Tensor]],
+    labels: Sequence[str],
+    *,
+    specs: Sequence | None = None,
+    selected: bool = False,
 ) -> None:
-    """Raise unless the branches' flat outputs agree on all but their sizes."""
+    """Raise ``BranchMismatchError`` unless the branches' flat outputs can be one
+    conditional's: the same pytree structure (``specs``, one per branch, when known),
+    count, dtype, device, layout and rank per output; with ``selected`` (every branch
+    runs and a select picks), the same shapes too."""
+    if specs is not None:
+        check_same_structure(labels, specs)
+    if not _dynamo_compiling() and type(branch_outputs) is list:
+        if _C.plainly_agree(branch_outputs, selected):  # the common case, in C
+            return
     counts = {len(outs) for outs in branch_outputs}
     if len(counts) != 1:
         found = ", ".join(f"{lab} returns {len(o)}" for lab, o in zip(labels, branch_outputs))
         raise BranchMismatchError(f"branches must return the same number of tensors: {found}")
-    for j, leaves in enumerate(zip(*branch_outputs)):
+    first_outs = branch_outputs[0]
+    for j, first in enumerate(first_outs):
+        leaves = [outs[j] for outs in branch_outputs]
+        why = _SELECTED if selected else ""
         for attr in _MATCHING_ATTRIBUTES:
             values = [getattr(t, attr) for t in leaves]
             if any(v != values[0] for v in values[1:]):
-                raise _mismatch(j, "", attr, labels, values)
-        first = leaves[0]
+                raise _mismatch(j, "", attr, labels, values, why)
         if first.is_quantized or first.is_sparse:
             raise BranchMismatchError.at(
                 "output",
                 j,
                 f"{{path}}: quantized and sparse outputs are not supported; found {first.layout}",
             )
+        if selected and not all(_same_shape(first, t) for t in leaves[1:]):
+            raise _mismatch(j, "", "shape", labels, [tuple(t.shape) for t in leaves], why)
 
 
-def _mismatch(j: int, where: str, what: str, labels, values) -> BranchMismatchError:
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes; sizes a trace cannot compare (made from data) are assumed equal,
+    and asserted at run time."""
+    return a.dim() == b.dim() and all(map(_compat.assume_same_size, a.shape, b.shape))
+
+
+def _mismatch(j: int, where: str, what: str, labels, values, why: str = "") -> BranchMismatchError:
     found = ", ".join(f"{lab} gives {v}" for lab, v in zip(labels, values))
     return BranchMismatchError.at(
-        "output", j, f"{{path}}{where}: branches must agree on {what}; {found}"
+        "output", j, f"{{path}}{where}: {why}branches must agree on {what}; {found}"
     )
 
 

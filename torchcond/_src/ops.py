@@ -31,7 +31,7 @@ from .._compat import onnx as _compat_onnx
 from ..errors import CondArgumentError, CondError, UnsupportedCondError
 from . import distributed, state
 from .autograd import autograd_rule, functorch_rule, with_tangents
-from .batching import vmap_rule
+from .batching import per_example, vmap_rule
 from .closures import trace_in_session
 from .forms import (
     COND_NAME,
@@ -284,6 +284,23 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
             )
         return functorch_rule(form, selector, branches, operands)
     return vmap_rule(form, interpreter, selector, branches, operands)
+
+
+def call(form: Form, selector, branches, operands):
+    """``form.op(selector, *branches, operands)``. Eagerly under a torch.func transform,
+    straight to the transform's rule (``_functorch``), where the operator's dispatch
+    would arrive after flattening its arguments a few times over."""
+    vmap = _compat.eager_vmap_level(selector)
+    if vmap is not None:  # a selector per example: every branch runs and a select picks
+        # What torch's dispatch to a transform does first (dispatch_functorch).
+        operands = tuple([_compat.unwrap_dead_tensor(t) for t in operands])
+        return per_example(form, *vmap, selector, branches, operands)
+    interpreter = _compat.eager_functorch_interpreter()
+    if interpreter is None:
+        return form.op(*pack(selector, branches, operands))
+    selector = _compat.unwrap_if_dead(selector)
+    operands = tuple([_compat.unwrap_dead_tensor(t) for t in operands])
+    return _functorch(form, interpreter, selector, branches, operands)
 
 
 def _dead_wrappers(form: Form, selector, branches, operands):

@@ -8,12 +8,14 @@ record those branches fill in as they run. Errors raised below it name flat posi
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import NoReturn
 
 import torch
 
+from .. import _C
 from .._compat import pytree
 from .._compat.dynamo import raise_at_compile_time
 from ..errors import BranchMismatchError, CondArgumentError, CondError, UnsupportedCondError
@@ -67,18 +69,62 @@ pytree.register_pytree_node(_NoOutput, lambda _: ([], None), lambda _values, _co
 _NO_OUTPUT = _NoOutput()
 
 
-def flatten_output(out, what: str) -> tuple[list, pytree.TreeSpec]:
-    """A branch's output as flat tensors and its structure (a ``None`` is no leaf)."""
+_Tensor = torch.Tensor
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_plain_tensors = _C.plain_tensors
+# The structures branches return most: one tensor, a tuple or list of tensors. Made
+# once, so flattening them is a type test and comparing them an identity test.
+_LEAF = pytree.tree_structure(0)
+
+
+@functools.cache
+def _sequence_spec(kind: type, n: int) -> pytree.TreeSpec:
+    return pytree.tree_structure(kind(range(n)))
+
+
+def flatten_output(out, label: str) -> tuple[list, pytree.TreeSpec]:
+    """A branch's output as flat tensors and its structure (a ``None`` is no leaf);
+    ``label`` names the branch in an error."""
+    if not _dynamo_compiling():  # dynamo would guard on these types, and trace no cache
+        kind = type(out)
+        if kind is _Tensor:
+            return [out], _LEAF
+        if (kind is tuple or kind is list) and all(type(o) is _Tensor for o in out):
+            return list(out), _sequence_spec(tuple if kind is tuple else list, len(out))
     flat, spec = pytree.tree_flatten(
         pytree.tree_map(lambda leaf: _NO_OUTPUT if leaf is None else leaf, out)
     )
-    for path, leaf in zip(leaf_paths(spec, len(flat)), flat):
-        if not isinstance(leaf, torch.Tensor):
-            raise BranchMismatchError(
-                f"{what}: every leaf must be a torch.Tensor; "
-                f"{path} is {type(leaf).__name__} ({leaf!r})"
-            )
+    if not all(isinstance(leaf, torch.Tensor) for leaf in flat):
+        for path, leaf in zip(leaf_paths(spec, len(flat)), flat):
+            if not isinstance(leaf, torch.Tensor):
+                raise BranchMismatchError(
+                    f"{label} output: every leaf must be a torch.Tensor; "
+                    f"{path} is {type(leaf).__name__} ({leaf!r})"
+                )
     return flat, spec
+
+
+def unflatten_output(flat: Sequence, spec: pytree.TreeSpec):
+    """``flatten_output`` undone."""
+    if not _dynamo_compiling():
+        if spec is _LEAF:
+            return flat[0]
+        if spec is _sequence_spec(tuple, len(flat)):
+            return tuple(flat)
+    return pytree.tree_unflatten(list(flat), spec)
+
+
+def check_same_structure(labels: Sequence[str], specs: Sequence[pytree.TreeSpec]) -> None:
+    """Raise ``BranchMismatchError`` unless every branch returned the pytree structure
+    the first one did (``merge.check_agreement``'s first rule)."""
+    first = specs[0]
+    for label, spec in zip(labels[1:], specs[1:]):
+        if spec is not first and spec != first:
+            raise BranchMismatchError(
+                "branches must return the same pytree structure: "
+                f"{labels[0]} returns {describe_structure(first)}, "
+                f"{label} returns {describe_structure(spec)}"
+            )
 
 
 class Outputs:
@@ -104,18 +150,15 @@ class Outputs:
             self._first.append((label, spec))
             return
         first_label, first_spec = self._first[0]
-        if spec != first_spec:
-            raise BranchMismatchError(
-                "branches must return the same pytree structure: "
-                f"{first_label} returns {describe_structure(first_spec)}, "
-                f"{label} returns {describe_structure(spec)}"
-            )
+        if spec is not first_spec:
+            check_same_structure([first_label, label], [first_spec, spec])
 
 
 class FlatBranch:
-    """A user branch seen with flat tensor operands and a flat tuple of outputs."""
+    """A user branch seen with flat tensor operands and a flat tuple of outputs.
+    ``in_spec`` None: the operands are a flat tuple of tensors already."""
 
-    def __init__(self, fn: Callable, in_spec: pytree.TreeSpec, label: str, outputs: Outputs):
+    def __init__(self, fn: Callable, in_spec: pytree.TreeSpec | None, label: str, outputs: Outputs):
         self.fn = fn
         self.in_spec = in_spec
         self.label = label
@@ -123,13 +166,16 @@ class FlatBranch:
         self.__name__ = getattr(fn, "__name__", label)
 
     def __call__(self, *flat_operands):
-        operands = pytree.tree_unflatten(list(flat_operands), self.in_spec)
+        if self.in_spec is None:
+            operands = flat_operands
+        else:
+            operands = pytree.tree_unflatten(list(flat_operands), self.in_spec)
         try:
             out = run_branch(self.fn, self.label, operands)
         except TypeError as error:
             raise_if_arity_error(error, self.fn, self.label, operands)
             raise
-        flat, spec = flatten_output(out, f"{self.label} output")
+        flat, spec = flatten_output(out, self.label)
         self.outputs.record(self.label, spec)
         return tuple(flat)
 
@@ -192,25 +238,35 @@ def run_flat(labelled_branches, operands, run: Callable) -> object:
     A ``CondError`` raised below about a flat output or operand comes out naming it
     as the user wrote it (``output[1]['h']``, ``operands[0]['k']``).
     """
-    flat_operands, in_spec = pytree.tree_flatten(operands)
+    in_spec: pytree.TreeSpec | None
+    if not _dynamo_compiling() and _plain_tensors(operands, False):
+        flat_operands, in_spec = tuple(operands), None
+    else:
+        flat, in_spec = pytree.tree_flatten(operands)
+        flat_operands = tuple(flat)
     outputs = Outputs()
     labels = [label for _, label in labelled_branches]
     branches = [FlatBranch(fn, in_spec, label, outputs) for fn, label in labelled_branches]
     try:
-        flat_out = run(branches, tuple(flat_operands), labels)
+        flat_out = run(branches, flat_operands, labels)
     except CondError as error:
-        raise_named(error, outputs.spec, in_spec)
+        raise_named(error, outputs.spec, in_spec, len(flat_operands))
     assert outputs.spec is not None, "run() returned without calling a branch"
-    return pytree.tree_unflatten(list(flat_out), outputs.spec)
+    return unflatten_output(flat_out, outputs.spec)
 
 
 def raise_named(
-    error: CondError, out_spec: pytree.TreeSpec | None, in_spec: pytree.TreeSpec | None
+    error: CondError,
+    out_spec: pytree.TreeSpec | None,
+    in_spec: pytree.TreeSpec | None,
+    n_operands: int = 0,
 ) -> NoReturn:
     """Raise ``error`` with the flat position it is about named from the user's output
-    and operand structures (``error`` itself when it names none)."""
+    and operand structures (``error`` itself when it names none). ``in_spec`` None:
+    ``n_operands`` operands, flat already."""
     count = 1 + error.path[1] if error.path else 0
-    in_names = leaf_paths(in_spec, in_spec.num_leaves, root="operands") if in_spec else []
+    n_in = in_spec.num_leaves if in_spec is not None else n_operands
+    in_names = leaf_paths(in_spec, n_in, root="operands")
     named = error.named(leaf_paths(out_spec, count), in_names)
     if named is error:
         raise error

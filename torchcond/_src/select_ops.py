@@ -107,9 +107,16 @@ def select(
     """
     true_values = _as_list(true_values, "select", "true_values", _TENSORS, _ONE_OUTPUT)
     false_values = _as_list(false_values, "select", "false_values", _TENSORS, _ONE_OUTPUT)
+    return select_lists(pred, true_values, false_values)
+
+
+def select_lists(pred: torch.Tensor, true_values: list, false_values: list) -> list:
+    """``select`` for two lists of tensors (torchcond's own calls)."""
     try:
         if _compat.tracing_active():
             return _select_differentiable(pred, true_values, false_values)
+        if not (_compat.transforms_active() or torch.is_grad_enabled()):
+            return _C.select_below_autograd(pred, true_values, false_values)  # the common case
         return _select_eager(pred, true_values, false_values)
     except _OP_ERRORS as error:
         _raise_argument_error(
@@ -170,8 +177,8 @@ def _select_eager(pred, true_values, false_values):
         any(v.requires_grad for v in true_values) or any(v.requires_grad for v in false_values)
     ):
         return _SELECT(pred, true_values, false_values)  # the operator's autograd rule
-    with _compat.below_autograd():  # what that rule does when no input needs a gradient
-        return _SELECT(pred, true_values, false_values)
+    # What that rule does when no input needs a gradient.
+    return _C.select_below_autograd(pred, true_values, false_values)
 
 
 def _select_n_eager(index, flat, num_branches):
@@ -179,8 +186,7 @@ def _select_n_eager(index, flat, num_branches):
         return _select_n_differentiable(index, flat, num_branches)
     if torch.is_grad_enabled() and any(v.requires_grad for v in flat):
         return _SELECT_N(index, flat, num_branches)
-    with _compat.below_autograd():
-        return _SELECT_N(index, flat, num_branches)
+    return _C.select_n_below_autograd(index, flat, num_branches)
 
 
 # --- what the operators cannot check ---------------------------------------------------
@@ -193,6 +199,9 @@ _ONE_OUTPUT = ". Pass [tensor] for one output"
 def _as_list(values, fn: str, label: str, expected: str, lone_tensor_hint: str = "") -> list:
     """A sequence argument as a list. A lone tensor is refused: iterating it would
     select between its rows."""
+    kind = type(values)
+    if kind is list or kind is tuple:  # the common case, without an abstract class check
+        return values if kind is list else list(values)
     if isinstance(values, torch.Tensor):
         found = f"a tensor of shape {tuple(values.shape)}{lone_tensor_hint}"
     elif not isinstance(values, Sequence) or isinstance(values, str):

@@ -25,20 +25,20 @@ gradients. Its inputs are its operands and the tensors it closes over (read thro
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple, get_args
 
 import torch
 
 from .. import _compat
-from ..errors import BranchMismatchError, CondArgumentError
+from ..errors import CondArgumentError
 from . import select_ops
 from .closures import StandIns
 from .forms import Form, python_scalar
+from .merge import check_agreement
 from .state import every_branch_runs
 from .tracing import written_back
-from .write_guard import BranchWrites, needs_grad, recording_writes
+from .write_guard import BranchWrites, needs_grad
 
 # The accepted values, for type checkers (cond/switch annotate ``strategy`` with it)
 # and at run time.
@@ -111,6 +111,8 @@ class EveryBranch(NamedTuple):
     def merged(self, selected: Sequence) -> tuple:
         """The conditional's outputs: ``selected`` (the selected outputs, without the
         written operands) with the ``same`` ones put back in their places."""
+        if not self.same:
+            return tuple(selected)
         rest = iter(selected)
         n = len(selected) + len(self.same)
         return tuple(self.same[j] if j in self.same else next(rest) for j in range(n))
@@ -133,32 +135,41 @@ def run_every_branch(
         which = form.branch_of(selector, n)
         first = which == 0
     grad_mode = torch.is_grad_enabled()
-    guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and needs_grad(t)]
-    outputs, values, given = [], [], []
-    for k, branch in enumerate(branches):
-        mask = _Mask(first, which, k)
-        inputs = _masked(mask(), operands, guarded) if guarded else list(operands)
-        writes = BranchWrites()
-        with (
-            recording_writes(labels[k], inputs, writes),
-            _closures_masked(mask, inputs, writes, grad_mode),
-            every_branch_runs("select"),  # a buffer assigned, Python state: refused
-        ):
-            outs = tuple(branch(*inputs))
-        outs, new_values = writes.finish(inputs, outs)
-        outputs.append(outs)
-        values.append(new_values)
-        given.append(inputs)
-    _check_selectable(labels, outputs)
+    differentiable = grad_mode or _compat.differentiating_transforms_active()
+    # Operands whose gradient only the taken examples may feed, and to which a write is
+    # refused; none when nothing differentiates.
+    if differentiable:
+        refused = [isinstance(t, torch.Tensor) and needs_grad(t) for t in operands]
+        guarded = [i for i, r in enumerate(refused) if r]
+    else:
+        refused, guarded = [False] * len(operands), []
+    writes = BranchWrites(operands, refused)
+    # A buffer a branch assigns, or other Python state it changes: refused (state.py).
+    with every_branch_runs("select"):
+        if differentiable:
+            outputs, values, given = [], [], []
+            for k, branch in enumerate(branches):
+                mask = _Mask(first, which, k)
+                inputs = _masked(mask(), operands, guarded) if guarded else operands
+                masked = _closures_masked(mask, inputs, writes, grad_mode)
+                outs, new_values = writes.finish(writes.run(labels[k], branch, inputs, masked))
+                outputs.append(outs)
+                values.append(new_values)
+                given.append(inputs)
+        else:  # every branch reads the operands themselves
+            outputs, values = writes.run_all(labels, branches, operands)
+            given = None
+    check_agreement(outputs, labels, selected=True)
     same = _same_outputs(outputs, given, operands)
-    written = sorted({i for mine in values for i in mine})
-    outputs = [
-        (
-            *(o for j, o in enumerate(outs) if j not in same),
-            *(mine.get(i, operands[i]) for i in written),
-        )
-        for outs, mine in zip(outputs, values)
-    ]
+    written = sorted({i for mine in values for i in mine}) if any(values) else []
+    if same or written:
+        outputs = [
+            (
+                *(o for j, o in enumerate(outs) if j not in same),
+                *(mine.get(i, operands[i]) for i in written),
+            )
+            for outs, mine in zip(outputs, values)
+        ]
     return EveryBranch(which, first, outputs, written, same)
 
 
@@ -184,8 +195,6 @@ class _Mask:
 def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool):
     """A context in which each tensor the branch closes over that needs a gradient is
     read masked, as its operands are (``_masked``)."""
-    if not grad_mode and not _compat.transforms_active():
-        return contextlib.nullcontext()  # nothing can need a gradient
 
     def stand_in(t: torch.Tensor) -> torch.Tensor:
         # Whether a gradient is needed is the conditional's grad mode, not the one
@@ -205,20 +214,30 @@ def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool)
 
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:
     """Output positions where every branch returns the same tensor: the same operand
-    (each branch's masked stand-in of it counts as the operand), or the same object."""
-
-    def original(out, inputs):
-        for i, t in enumerate(inputs):
-            if out is t:
-                return operands[i]
-        return out
-
+    (each branch's masked stand-in of it counts as the operand), or the same object.
+    ``given`` None: every branch read the operands themselves."""
+    first, rest = outputs[0], outputs[1:]
     same = {}
-    for j, out in enumerate(outputs[0]):
-        value = original(out, given[0])
-        if all(original(outs[j], inputs) is value for outs, inputs in zip(outputs[1:], given[1:])):
+    for j, out in enumerate(first):
+        value = out if given is None else _original(out, given[0], operands)
+        for k, outs in enumerate(rest):
+            other = outs[j]
+            if other is not value and (
+                given is None or _original(other, given[k + 1], operands) is not value
+            ):
+                break
+        else:
             same[j] = value
     return same
+
+
+def _original(out, inputs, operands):
+    """``out``, or the operand it is if it is one of ``inputs`` (the branch's view of
+    ``operands``)."""
+    for i, t in enumerate(inputs):
+        if out is t:
+            return operands[i]
+    return out
 
 
 def select_outputs(which, first, outputs) -> tuple:
@@ -226,7 +245,7 @@ def select_outputs(which, first, outputs) -> tuple:
     if not outputs[0]:
         return ()
     if which is None or len(outputs) == 2:
-        return tuple(select_ops.select(first, outputs[0], outputs[1]))
+        return tuple(select_ops.select_lists(first, list(outputs[0]), list(outputs[1])))
     return tuple(select_ops.select_n(which, outputs))
 
 
@@ -247,7 +266,7 @@ def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, i
             if k == 0:
                 results = outputs
                 continue
-            _check_selectable([labels[0], labels[k]], [results, outputs])
+            check_agreement([results, outputs], [labels[0], labels[k]], selected=True)
             for result, output in zip(results, outputs):
                 result.copy_(output)
     return results
@@ -255,41 +274,6 @@ def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, i
 
 def any_needs_grad(operands) -> bool:
     return any(needs_grad(t) for t in operands if isinstance(t, torch.Tensor))
-
-
-def _check_selectable(labels, outputs) -> None:
-    for label, outs in zip(labels[1:], outputs[1:]):
-        if len(outs) != len(outputs[0]):
-            raise BranchMismatchError(
-                "branches must return the same number of tensors: "
-                f"{labels[0]} returns {len(outputs[0])}, {label} returns {len(outs)}"
-            )
-        for j, (first, other) in enumerate(zip(outputs[0], outs)):
-            for what, same in (
-                ("shape", _same_shape(first, other)),
-                ("dtype", first.dtype == other.dtype),
-                ("device", first.device == other.device),
-            ):
-                if not same:
-                    raise BranchMismatchError.at(
-                        "output",
-                        j,
-                        "{path}: every branch runs and each element is selected on the "
-                        "device (strategy='select', or vmap with a per-example "
-                        f"selector), so branches must agree on {what}: {labels[0]} "
-                        f"gives {_described(first, what)}, {label} gives "
-                        f"{_described(other, what)}",
-                    )
-
-
-def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal shapes; sizes a trace cannot compare (made from data) are assumed equal,
-    and asserted at run time."""
-    return a.dim() == b.dim() and all(map(_compat.assume_same_size, a.shape, b.shape))
-
-
-def _described(t: torch.Tensor, what: str):
-    return tuple(t.shape) if what == "shape" else getattr(t, what)
 
 
 def _masked(mask: torch.Tensor, operands, guarded) -> list:

@@ -2,34 +2,53 @@
 
 ``strategy="select"`` and vmap with a per-example selector run every branch, then
 pick each output element on the device. A write a branch makes must then land only
-where the branch is taken, as a Python ``if`` would make it. ``recording_writes`` runs
-one branch under a dispatch mode that, before the branch's first write to an
-operand, saves the operand's value; after the branch, the operand's new value is
-taken (``BranchWrites.finish``) and the old one put back, so the next branch sees
-it. Both are tensor ops, so a trace of the select records them. The caller selects
-each written operand's value like an output and writes the selection back. A write
-to anything else from outside the branch (a tensor it closes over, a parameter) is
-refused before it happens: it cannot be selected per example. Writes to tensors the
-branch itself created are invisible outside it.
+where the branch is taken, as a Python ``if`` would make it. ``BranchWrites.run``
+runs one branch while a recorder (``torchcond._C.WriteRecorder``, csrc/
+write_recorder.cpp, which owns the rules) classifies every write before it lands:
+
+* to a tensor the branch made: nothing to do, it is invisible outside;
+* to one operand, within its elements: the operand's old value is saved first; after
+  the branch its new value is taken and the old one put back, so the next branch
+  sees it. The caller selects each written operand's value like an output and writes
+  the selection back. Both are tensor ops, so a trace of the select records them;
+* to anything else (a tensor the branch closes over, a buffer, an operand that shares
+  memory with another or needs a gradient, memory around an operand): refused with
+  ``BranchMutationError``, and nothing of the branch's writes is kept.
+
+The recorder hears of ops in one of two ways. In plain eager code (the common case,
+also under torch.func transforms) from RecordFunction in C++: a branch that writes
+nothing pays a few hundred nanoseconds per op. RecordFunction cannot stop an op, so a
+refused write lands and is undone from a copy taken just before it (value, layout and
+version counter), and the error is raised when the branch returns. Under a dispatch
+mode (tracing, fake tensors, a user's mode) or with tensor subclass operands, from a
+dispatch mode pushed for the branch, which refuses before the write lands.
 
 Under dynamo the branch is traced inline and no dispatch mode can be entered
-without a graph break, so the mode is not entered there; instead the select path
-has dynamo speculate the branches as the operator's subgraphs first, and refuse a
+without a graph break, so nothing is recorded there; instead the select path has
+dynamo speculate the branches as the operator's subgraphs first, and refuse a
 subgraph that writes to anything from outside it (api._select_path).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from .. import _compat
+from .. import _C, _compat
 from .._compat.dynamo import differentiating_transform_active
 from ..errors import BranchMutationError
 from .subgraph import written_arguments
+
+_Tensor = torch.Tensor
+_len_dispatch_stack = _compat.len_dispatch_stack
+_functorch_base = _compat.functorch_base
+_is_dynamo_compiling = _compat.is_dynamo_compiling
+_transforms_active = _compat.transforms_active
+# Whether the recorder's dispatch key is free for it in this process (csrc/
+# write_recorder.cpp); if not, every branch is recorded through _WriteRecorder.
+_OBSERVE = _C.WriteRecorder.available()
 
 
 @functools.cache
@@ -41,108 +60,188 @@ def _effects(op) -> tuple[bool, bool]:
     return writes, fresh
 
 
-class BranchWrites:
-    """What ``recording_writes`` saw one branch write: operand positions, and how to
-    read their new values and put their old ones back."""
+# Why the recorder refused a write (csrc/write_recorder.cpp, Why), in a message.
+_WHY = (
+    "a tensor from outside it (shape {shape}), whose value cannot be selected per "
+    "branch: pass it as an operand",
+    "its input {path}, which shares memory with another operand: pass it once",
+    "its input {path}, which needs a gradient: return the new value instead "
+    "(x + 1 rather than x.add_(1))",
+    "memory of its input {path}'s storage outside {path} itself (shape {shape}), whose "
+    "value cannot be selected per branch: pass what it writes as an operand",
+)
 
-    def __init__(self):
-        # position -> (the operand's own tensor below any functorch wrapper, its old value)
-        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        # Storages of tensors read in place of ones from outside (strategies.py masks
-        # closures): made in the branch, but a write to one is a write to the outside.
-        self.outside: set = set()
+
+class BranchWrites:
+    """The writes of one conditional call's branches to its ``operands``, recorded one
+    branch at a time: ``run`` a branch, then ``finish`` it (or ``run_all``).
+    ``refuse_grad[i]``: a write to operand ``i`` is refused because it needs a
+    gradient."""
+
+    def __init__(self, operands: Sequence, refuse_grad: Sequence[bool]):
+        self.label = ""
+        self._inputs = operands
+        self._refuse = list(refuse_grad)
+        self._wrote = False
+        self._recorder: _C.WriteRecorder | None = None  # the last branch's, made when one runs
+        # Dynamo records no writes (see above).
+        self._records = not _is_dynamo_compiling()
+
+    @property
+    def recorder(self) -> _C.WriteRecorder:
+        """The last branch's recorder (once a branch has run)."""
+        assert self._recorder is not None, "no branch has run"
+        return self._recorder
+
+    def _bases(self, operands: Sequence) -> Sequence:
+        """The tensors under the operands' torch.func wrappers (none outside a transform)."""
+        if not _transforms_active() and _C.plain_tensors(operands, True):
+            return operands
+        return [_functorch_base(t) if isinstance(t, _Tensor) else None for t in operands]
+
+    def _observing(self, inputs) -> bool:
+        """Whether the recorder's dispatch key can see this branch's ops (the common
+        case), rather than ``_WriteRecorder``."""
+        return _OBSERVE and not _len_dispatch_stack() and _C.plain_tensors(inputs, True)
 
     def stand_in(self, t: torch.Tensor) -> None:
-        """``t`` is read in place of a tensor from outside the branch."""
-        if not _compat.is_dynamo_compiling():  # dynamo records no writes (see above)
-            self.outside.add(_storage_id(t))
+        """``t`` is read in place of a tensor from outside the branch: made in the
+        branch, but a write to it is a write to the outside."""
+        if self._recorder is not None:
+            self._recorder.mark_outside(t)
 
-    def finish(self, operands: Sequence, outputs: tuple) -> tuple[tuple, dict[int, torch.Tensor]]:
-        """The branch's outputs, and the new values of the operands it wrote to (each a
-        copy); the operands then hold their old values again. An output that shares
-        memory with a written operand is copied first (``x.add_(1)`` returns ``x``)."""
-        if not self.saved:
+    def run(self, label: str, branch: Callable, inputs: Sequence, *context) -> tuple:
+        """``tuple(branch(*inputs))`` with its writes recorded, under the context managers
+        ``context``; ``inputs`` are the operands as this branch reads them (stand-ins of
+        the operands, or the operands). Raises ``BranchMutationError`` for a refused
+        write, and after any error leaves the operands as they were."""
+        self.label = label
+        if not self._records:
+            return _within(context, branch, inputs)
+        if self._recorder is None:
+            self._recorder = _C.WriteRecorder(self._bases(inputs), self._refuse)
+        elif inputs is not self._inputs:
+            self._recorder.rebase(self._bases(inputs))
+        self._inputs = inputs
+        recorder = self.recorder
+        try:
+            if self._observing(inputs):
+                out, self._wrote = _within(context, recorder.run, (branch, inputs), tuple)
+            else:
+                recorder.reset()
+                out = _within((*context, _WriteRecorder(self)), branch, inputs)
+                self._wrote = recorder.wrote
+        except BaseException as error:
+            self._undo_and_raise(error)
+            raise
+        if self._wrote:  # a plain write's saved value is taken in finish()
+            self._undo_and_raise(None)
+        return out
+
+    def run_all(self, labels: Sequence[str], branches: Sequence[Callable], inputs) -> tuple:
+        """``run`` then ``finish`` each branch, all on ``inputs`` and without a context:
+        every branch's outputs, and for each the operands' new values it wrote. Where
+        the recorder observes, one call runs the branches until one writes."""
+        if not (self._records and type(inputs) is tuple and self._observing(inputs)):
+            done = [self.finish(self.run(label, b, inputs)) for label, b in zip(labels, branches)]
+            return [outs for outs, _ in done], [values for _, values in done]
+        self._inputs = inputs
+        outputs: list = []
+        values: list = []
+        while len(outputs) < len(branches):
+            outs, k, self._recorder, error = _C.run_recorded(
+                branches, inputs, self._refuse, len(outputs)
+            )
+            outputs += outs
+            values += [{}] * len(outs)
+            if k < 0:
+                break
+            self.label = labels[k]
+            if error is not None:
+                self._undo_and_raise(error)
+                raise error
+            # A write to an operand, saved: its value taken, the old one put back.
+            self._wrote = True
+            outputs[-1], values[-1] = self.finish(outputs[-1])
+        return outputs, values
+
+    def _undo_and_raise(self, error: BaseException | None) -> None:
+        """After an ``error`` or a refused write: undo every write of the branch and raise
+        the refusal (from ``error``), or return for the caller to raise ``error``. With
+        neither (a write the recorder saved for finish()), return."""
+        recorder = self.recorder
+        refusal = recorder.refusal
+        if error is None and refusal is None:
+            return
+        recorder.undo()
+        if refusal is not None and not isinstance(error, BranchMutationError):
+            raise self.refused(*refusal) from error
+
+    def refused(self, operand: int, op: str, shape: list, why: int) -> BranchMutationError:
+        what = _WHY[why].format(shape=tuple(shape), path="{path}")
+        message = (
+            f"{self.label} writes in place ({op}) to {what}. Every branch runs here, taken "
+            "or not (strategy='select', or vmap with a per-example selector), and each "
+            "written operand's value is selected like an output"
+        )
+        if operand >= 0 and why != 0:
+            return BranchMutationError.at("operand", operand, message)
+        return BranchMutationError(message)
+
+    def finish(self, outputs: tuple) -> tuple[tuple, dict[int, torch.Tensor]]:
+        """The last branch run's outputs, and the new values of the operands it wrote to
+        (each a copy); the operands then hold their old values again. An output that
+        shares memory with a written operand is copied first (``x.add_(1)`` returns
+        ``x``)."""
+        if not self._wrote:
             return outputs, {}
-        storages = {_compat.storage_key(base) for base, _ in self.saved.values()}
+        saved = self.recorder.saved
+        inputs = self._inputs
+        written = {_storage_id(inputs[i]) for i, _ in saved}
         outputs = tuple(
-            o.clone() if isinstance(o, torch.Tensor) and _storage_id(o) in storages else o
+            o.clone() if isinstance(o, torch.Tensor) and _storage_id(o) in written else o
             for o in outputs
         )
-        values = {i: operands[i].clone() for i in sorted(self.saved)}
-        with torch.no_grad():
-            for base, old in self.saved.values():
-                base.copy_(old)
+        values = {i: inputs[i].clone() for i, _ in sorted(saved, key=lambda s: s[0])}
+        self.recorder.undo()
         return outputs, values
 
 
-def recording_writes(label: str, operands: Sequence, writes: BranchWrites):
-    """A context in which ``label``'s branch runs; see the module docstring."""
-    if _compat.is_dynamo_compiling():
-        return contextlib.nullcontext()
-    return _WriteRecorder(label, operands, writes)
+def _within(context, fn, args, result=tuple):
+    """``result(fn(*args))`` under the context managers ``context``."""
+    if not context:
+        return result(fn(*args))
+    with context[0]:
+        return _within(context[1:], fn, args, result)
 
 
 class _WriteRecorder(_compat.TorchDispatchMode):
-    """Save an operand's value before the branch first writes to it; raise
-    ``BranchMutationError`` before a write to any other tensor from outside."""
+    """Tells the recorder of every op the branch runs, so that a refused write raises
+    before it lands (BranchWrites.run uses this under other dispatch modes)."""
 
-    def __init__(self, label: str, operands: Sequence, writes: BranchWrites):
+    def __init__(self, writes: BranchWrites):
         super().__init__()
-        self.label = label
-        self.operands = operands
         self.writes = writes
-        self.created: set = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         writes, fresh = _effects(func)
+        recorder = self.writes.recorder
         if writes:
             for value in written_arguments(func, args, kwargs):
-                if not isinstance(value, torch.Tensor):
-                    continue
-                storage = _storage_id(value)
-                if storage not in self.created or storage in self.writes.outside:
-                    self._before_write(func, value)
+                if isinstance(value, torch.Tensor):
+                    refusal = recorder.before_write(str(func), value)
+                    if refusal is not None:
+                        raise self.writes.refused(*refusal)
         out = func(*args, **kwargs)
-        if fresh:  # a view or an in-place result shares an input's storage
+        if fresh:
+            inputs = [
+                t for t in _compat.pytree.tree_leaves((args, kwargs)) if isinstance(t, _Tensor)
+            ]
             for leaf in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(leaf, torch.Tensor):
-                    self.created.add(_storage_id(leaf))
+                    recorder.made(leaf, inputs)
         return out
-
-    def _before_write(self, func, value) -> None:
-        target = _storage_id(value)
-        written = [
-            i
-            for i, t in enumerate(self.operands)
-            if isinstance(t, torch.Tensor) and _storage_id(t) == target
-        ]
-        if len(written) == 1 and written[0] in self.writes.saved:
-            return
-        why = None
-        if not written:
-            why = (
-                f"a tensor from outside it (shape {tuple(value.shape)}), whose value cannot "
-                "be selected per branch: pass it as an operand"
-            )
-        elif len(written) > 1:
-            why = "its input {path}, which shares memory with another operand: pass it once"
-        elif needs_grad(self.operands[written[0]]):
-            why = (
-                "its input {path}, which needs a gradient: return the new value instead "
-                "(x + 1 rather than x.add_(1))"
-            )
-        if why is not None:
-            message = (
-                f"{self.label} writes in place ({func}) to {why}. Every branch runs here, "
-                "taken or not (strategy='select', or vmap with a per-example selector), "
-                "and each written operand's value is selected like an output"
-            )
-            if written:
-                raise BranchMutationError.at("operand", written[0], message)
-            raise BranchMutationError(message)
-        base = _compat.functorch_base(self.operands[written[0]])
-        self.writes.saved[written[0]] = (base, base.clone())
 
 
 def needs_grad(t: torch.Tensor) -> bool:
@@ -158,5 +257,5 @@ def needs_grad(t: torch.Tensor) -> bool:
 
 
 def _storage_id(t: torch.Tensor):
-    # Under vmap the mode sees batched wrappers; the storage is the batch's.
+    # Under vmap the branch sees batched wrappers; the storage is the batch's.
     return _compat.storage_key(_compat.functorch_base(t))

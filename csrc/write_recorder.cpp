@@ -1,0 +1,490 @@
+// Writes of a branch that runs whether or not it is taken (strategy="select", vmap with
+// a per-example selector): torchcond._C.WriteRecorder, the rules of
+// torchcond/_src/write_guard.py (its docstring says what happens to a write).
+//
+// A recorder knows the branch's operands (each one's tensor under any functorch
+// wrapper). Before a write lands it classifies the written tensor by its storage:
+//   * made by the branch (a fresh output of an op it ran): nothing to do;
+//   * exactly one operand's, within that operand's elements: the operand's old value
+//     is saved, once (write_guard.py selects the new one and puts the old one back);
+//   * anything else is refused, before it lands: a tensor from outside the branch, an
+//     operand that shares memory with another one or needs a gradient, memory of an
+//     operand's storage outside its elements.
+//
+// Two sources tell it about ops:
+//   * observe(): a boxed fallback on a dispatch key the recorder puts in this thread's
+//     included set while the branch runs, torch's mechanism for a mode written in C++
+//     (see kKey). It sees the branch's own calls, above autograd and functorch: the op
+//     a user called, before torch decomposes it; the ops an op runs inside are hidden
+//     (the key is excluded while it runs), so a kernel's work costs nothing. A call on
+//     a grad transform's wrapper, which has no storage to classify, is seen again on
+//     what it wraps, one level down.
+//   * before_write() and made() from write_guard.py's dispatch mode, used under tracing
+//     and other dispatch modes.
+#include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/functorch/BatchedTensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "write_recorder.h"
+
+namespace torchcond {
+namespace {
+
+// The key the recorder's fallback is registered on. PyTorch has no dispatch key for
+// extensions' modes; DeferredInit is the one it keeps for an out-of-tree mode (torchdistx's
+// deferred module initialization, unmaintained and not importable with torch 2), and sits
+// where such a mode belongs: below functorch's front layer and torch's Python TLS snapshot,
+// above autograd. The fallback is registered on first use, only while nothing else is
+// registered on the key (available()); otherwise write_guard.py records with its dispatch
+// mode instead.
+constexpr c10::DispatchKey kKey = c10::DispatchKey::DeferredInit;
+
+using StorageId = const c10::StorageImpl*;
+
+// The tensor under vmap's and functionalize's wrappers, as torchcond._compat.
+// functorch_base unwraps it in Python. A grad or jvp level's wrapper has no storage and
+// stays: the call it forwards is seen again on what it wraps.
+const at::Tensor& functorch_base(const at::Tensor& t) {
+  if (auto* batched = at::functorch::maybeGetBatchedImpl(t)) return functorch_base(batched->value());
+  if (at::functionalization::impl::isFunctionalTensor(t)) {
+    return functorch_base(at::functionalization::impl::unsafeGetFunctionalWrapper(t)->value());
+  }
+  return t;
+}
+
+StorageId storage_of(const at::Tensor& tensor) {
+  if (!tensor.defined()) return nullptr;
+  const c10::Storage& s = functorch_base(tensor).unsafeGetTensorImpl()->unsafe_storage();
+  return s ? s.unsafeGetStorageImpl() : nullptr;
+}
+
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) f(t);
+  } else if (v.isList()) {  // Tensor?[]
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) f(e.toTensor());
+    }
+  }
+}
+
+std::string op_name(const c10::FunctionSchema& schema) {  // aten.add_.Tensor, as Python prints it
+  std::string name = schema.name();
+  const auto sep = name.find("::");
+  if (sep != std::string::npos) name.replace(sep, 2, ".");
+  return name + "." + (schema.overload_name().empty() ? "default" : schema.overload_name());
+}
+
+enum Why : int64_t { kOutside = 0, kShared = 1, kNeedsGrad = 2, kOutsideElements = 3 };
+
+struct Refusal {
+  int64_t operand;  // -1: not an operand
+  std::string op;
+  std::vector<int64_t> shape;
+  int64_t why;
+};
+
+bool concrete(const at::Tensor& t) { return !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+
+// Whether every element of `inner` is an element of `outer`, two views of one storage
+// with concrete layouts. Byte offsets, so a view of another dtype is compared as memory.
+bool within_elements(const at::Tensor& inner, const at::Tensor& outer) {
+  if (inner.numel() == 0) return true;
+  if (outer.numel() == 0) return false;
+  const int64_t osz = static_cast<int64_t>(outer.element_size());
+  const int64_t isz = static_cast<int64_t>(inner.element_size());
+  auto extent = [](const at::Tensor& t, int64_t itemsize) {  // [first byte, last byte + 1)
+    int64_t lo = t.storage_offset() * itemsize, hi = lo;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t span = (t.size(d) - 1) * t.stride(d) * itemsize;
+      (span < 0 ? lo : hi) += span;
+    }
+    return std::make_pair(lo, hi + itemsize);
+  };
+  const auto [olo, ohi] = extent(outer, osz);
+  const auto [ilo, ihi] = extent(inner, isz);
+  if (ilo < olo || ihi > ohi) return false;
+  if (outer.is_non_overlapping_and_dense()) return true;  // its extent is its elements
+  if (osz == isz && inner.storage_offset() == outer.storage_offset() && inner.sizes().equals(outer.sizes()) &&
+      inner.strides().equals(outer.strides())) {
+    return true;
+  }
+  // Byte by byte: a write into part of a strided operand, checked once per op.
+  std::vector<uint8_t> mine(static_cast<size_t>(ohi - olo), 0);
+  auto each_element = [](const at::Tensor& t, int64_t itemsize, int64_t origin, auto&& f) {
+    std::vector<int64_t> index(t.dim(), 0);
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      int64_t offset = t.storage_offset() * itemsize - origin;
+      for (int64_t d = 0; d < t.dim(); ++d) offset += index[d] * t.stride(d) * itemsize;
+      if (!f(offset)) return false;
+      for (int64_t d = t.dim() - 1; d >= 0; --d) {
+        if (++index[d] < t.size(d)) break;
+        index[d] = 0;
+      }
+    }
+    return true;
+  };
+  each_element(outer, osz, olo, [&](int64_t offset) {
+    std::fill(mine.begin() + offset, mine.begin() + offset + osz, 1);
+    return true;
+  });
+  return each_element(inner, isz, olo, [&](int64_t offset) {
+    return std::all_of(mine.begin() + offset, mine.begin() + offset + isz, [](uint8_t b) { return b != 0; });
+  });
+}
+
+class Recorder {
+ public:
+  Recorder(std::vector<std::optional<at::Tensor>> bases, std::vector<bool> refuse_grad)
+      : refuse_grad_(std::move(refuse_grad)) {
+    rebase(std::move(bases));
+  }
+
+  // The operands of the next branch (each branch may read its own stand-ins of them).
+  void rebase(std::vector<std::optional<at::Tensor>> bases) {
+    TORCH_CHECK(bases.size() == refuse_grad_.size(), "WriteRecorder: one flag per operand");
+    bases_ = std::move(bases);
+    storages_.clear();
+    for (const auto& b : bases_) storages_.push_back(b ? storage_of(*b) : nullptr);
+  }
+
+  // Forget the previous branch: what it made, saved and was refused.
+  void reset() {
+    made_.clear();
+    outside_.clear();
+    saved_.clear();
+    refusal_.reset();
+  }
+
+  // A write to `written` by `op` is about to land. Returns why it is refused, if it is;
+  // saves the operand's old value first if it is a write to select.
+  std::optional<Refusal> before_write(const std::string& op, const at::Tensor& written) {
+    if (!written.defined()) return std::nullopt;
+    const at::Tensor& t = functorch_base(written);
+    const StorageId s = storage_of(t);
+    if (s == nullptr) return std::nullopt;  // a wrapper: seen again on what it wraps
+    if (made_.count(s) && !outside_.count(s)) return std::nullopt;
+    int64_t first = -1, matches = 0;
+    for (size_t i = 0; i < storages_.size(); ++i) {
+      if (storages_[i] == s) {
+        if (first < 0) first = static_cast<int64_t>(i);
+        ++matches;
+      }
+    }
+    std::optional<int64_t> why;
+    if (matches == 0) {
+      why = kOutside;
+    } else if (matches > 1) {
+      why = kShared;
+    } else if (refuse_grad_[first]) {
+      why = kNeedsGrad;
+    } else if (concrete(t) && concrete(*bases_[first]) && !within_elements(t, *bases_[first])) {
+      why = kOutsideElements;
+    }
+    if (!why) {
+      save(first);
+      return std::nullopt;
+    }
+    Refusal r{first, op, {}, *why};
+    if (concrete(t)) r.shape = t.sizes().vec();
+    if (!refusal_) refusal_ = r;
+    return r;
+  }
+
+  // An output of an op whose schema returns fresh tensors: made by the branch, unless
+  // it shares memory with one of the op's inputs (a kernel may return an input).
+  void made(StorageId s, const c10::SmallVector<StorageId, 8>& inputs) {
+    if (s == nullptr) return;
+    for (StorageId i : inputs) {
+      if (i == s) return;
+    }
+    for (StorageId o : storages_) {
+      if (o == s) return;
+    }
+    made_.insert(s);
+  }
+
+  void mark_outside(const at::Tensor& t) {
+    if (StorageId s = storage_of(t)) outside_.insert(s);
+  }
+
+  // Every saved operand gets its old value back.
+  void undo() {
+    at::NoGradGuard no_grad;
+    for (auto& [i, old] : saved_) functorch_base(*bases_[i]).copy_(old);
+  }
+
+  std::vector<std::pair<int64_t, at::Tensor>> saved() const { return saved_; }
+  std::optional<Refusal> refusal() const { return refusal_; }
+  bool wrote() const { return !saved_.empty() || refusal_.has_value(); }
+
+  // Whether calls at fallback depth `d` are the branch's own: the depth observing began
+  // at, and the depth inside one of those calls made on a grad transform's wrappers.
+  bool owns(int64_t d) const {
+    const int64_t k = d - depth;
+    return k >= 0 && k < static_cast<int64_t>(open_.size()) && open_[k];
+  }
+  void open_below(int64_t d, bool open) {
+    const int64_t k = d + 1 - depth;
+    if (k <= 0) return;
+    if (static_cast<int64_t>(open_.size()) <= k) open_.resize(k + 1, false);
+    open_[k] = open;
+  }
+  void begin(int64_t d) {
+    depth = d;
+    open_.assign(1, true);
+  }
+
+  int64_t depth = 0;
+  bool was_included = false, was_excluded = false;  // the key's state before observe()
+
+ private:
+  void save(int64_t i) {
+    for (const auto& entry : saved_) {
+      if (entry.first == i) return;
+    }
+    c10::impl::ExcludeDispatchKeyGuard not_mine(kKey);  // the copy is no op of the branch
+    at::NoGradGuard no_grad;
+    saved_.emplace_back(i, functorch_base(*bases_[i]).clone());
+  }
+
+  std::vector<std::optional<at::Tensor>> bases_;
+  std::vector<bool> refuse_grad_;
+  std::vector<StorageId> storages_;
+  std::unordered_set<StorageId> made_, outside_;
+  std::vector<std::pair<int64_t, at::Tensor>> saved_;
+  std::optional<Refusal> refusal_;
+  std::vector<bool> open_ = {true};  // by depth - depth: the branch's own calls
+};
+
+// --- the dispatch-key source --------------------------------------------------------
+
+thread_local std::vector<Recorder*> tl_observing;
+thread_local int64_t tl_depth = 0;  // fallback calls in progress on this thread
+
+struct Depth {
+  Depth() { ++tl_depth; }
+  ~Depth() { --tl_depth; }
+};
+
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const int64_t depth = tl_depth;
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& args = schema.arguments();
+  const size_t first = stack->size() - args.size();
+  bool mine = false;
+  for (Recorder* r : tl_observing) mine = mine || r->owns(depth);
+  bool wrapped = false;  // a tensor without storage: its call is seen again, one level down
+  c10::SmallVector<StorageId, 8> inputs;
+  bool fresh = false;
+  if (mine) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = (*stack)[first + i];
+      if (v.isStorage()) {
+        inputs.push_back(v.toStorage().unsafeGetStorageImpl());
+        continue;
+      }
+      for_each_tensor(v, [&](const at::Tensor& t) {
+        const StorageId s = storage_of(t);
+        wrapped = wrapped || (t.defined() && s == nullptr);
+        inputs.push_back(s);
+      });
+    }
+    std::string name;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (!args[i].alias_info() || !args[i].alias_info()->isWrite()) continue;
+      if (name.empty()) name = op_name(schema);
+      for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) {
+        for (Recorder* r : tl_observing) {
+          if (!r->owns(depth)) continue;
+          if (auto refusal = r->before_write(name, t)) {
+            // write_guard.py raises the recorder's refusal; this error stops the write.
+            TORCH_CHECK(false, "torchcond: ", refusal->op, " refused in a branch that runs untaken");
+          }
+        }
+      });
+    }
+    fresh = !schema.returns().empty();
+    for (const auto& r : schema.returns()) fresh = fresh && !r.alias_info();
+    for (Recorder* r : tl_observing) {
+      if (r->owns(depth)) r->open_below(depth, wrapped);
+    }
+  }
+  {
+    Depth nested;
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> hidden;
+    if (!wrapped) hidden.emplace(kKey);  // what the op runs inside is its own business
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), stack);
+  }
+  // lift_fresh: a tensor just made from data (torch.tensor), which torch makes with this
+  // key excluded; it and its output are the branch's own.
+  const bool lifted = mine && (schema.name() == "aten::lift_fresh" || schema.name() == "aten::lift");
+  if (!fresh && !lifted) return;
+  if (lifted) inputs.clear();
+  const size_t n_out = schema.returns().size();
+  for (size_t j = stack->size() - n_out; j < stack->size(); ++j) {
+    for_each_tensor((*stack)[j], [&](const at::Tensor& t) {
+      const StorageId s = storage_of(t);
+      for (Recorder* r : tl_observing) {
+        if (r->owns(depth)) r->made(s, inputs);
+      }
+    });
+  }
+}
+
+// Registered on first use, if the key is free: no other fallback and no kernel on it.
+bool key_available() {
+  static const bool available = [] {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    if (dispatcher.hasBackendFallbackForDispatchKey(kKey) || !dispatcher.getRegistrationsForDispatchKey(kKey).empty()) {
+      return false;
+    }
+    static auto* library = new torch::Library(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
+    library->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    return true;
+  }();
+  return available;
+}
+
+void observe(Recorder& r) {
+  r.reset();
+  r.was_included = c10::impl::tls_is_dispatch_key_included(kKey);
+  r.was_excluded = c10::impl::tls_is_dispatch_key_excluded(kKey);
+  r.begin(tl_depth);
+  tl_observing.push_back(&r);
+  c10::impl::tls_set_dispatch_key_included(kKey, true);
+  c10::impl::tls_set_dispatch_key_excluded(kKey, false);  // a branch run inside an observed op
+}
+
+void stop_observing(Recorder& r) {
+  auto it = std::find(tl_observing.begin(), tl_observing.end(), &r);
+  if (it == tl_observing.end()) return;
+  tl_observing.erase(it);
+  c10::impl::tls_set_dispatch_key_included(kKey, r.was_included);
+  c10::impl::tls_set_dispatch_key_excluded(kKey, r.was_excluded);
+}
+
+pybind11::object as_tuple(const std::optional<Refusal>& r) {
+  if (!r) return pybind11::none();
+  return pybind11::make_tuple(r->operand, r->op, r->shape, r->why);
+}
+
+// run_recorded(branches, args, refuse_grad, start) -> (outputs, stop, recorder, error):
+// each of branches[start:] called on the tuple `args` (plain tensors, no transform) while
+// a recorder observes, until one writes or raises. `outputs`: each branch's output as a
+// tuple, up to the last one that returned; `stop`: the index of the branch that wrote or
+// raised, or -1; `recorder`: that branch's recorder (what it saved, what it was refused),
+// None when stop is -1; `error`: what it raised, or None. One call for write_guard.py's
+// common case: the branches' own ops are all that run between them.
+PyObject* run_recorded(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
+  if (n != 4 || !PyTuple_Check(a[1])) {
+    PyErr_SetString(PyExc_TypeError, "run_recorded(branches, args: tuple, refuse_grad, start)");
+    return nullptr;
+  }
+  try {
+    namespace py = pybind11;
+    py::sequence branches = py::reinterpret_borrow<py::sequence>(a[0]);
+    PyObject* args = a[1];
+    std::vector<std::optional<at::Tensor>> bases;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
+      bases.emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)));
+    }
+    auto recorder = std::make_unique<Recorder>(std::move(bases), py::cast<std::vector<bool>>(a[2]));
+    const int64_t start = PyLong_AsLongLong(a[3]);
+    py::list outputs;
+    const int64_t nb = static_cast<int64_t>(py::len(branches));
+    for (int64_t k = start; k < nb; ++k) {
+      py::object branch = branches[k];
+      observe(*recorder);
+      PyObject* out = PyObject_Call(branch.ptr(), args, nullptr);
+      stop_observing(*recorder);
+      if (out == nullptr) {
+        py::error_already_set error;
+        return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership),
+                              error.value())
+            .release()
+            .ptr();
+      }
+      outputs.append(py::tuple(py::reinterpret_steal<py::object>(out)));
+      if (recorder->wrote()) {
+        return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership),
+                              py::none())
+            .release()
+            .ptr();
+      }
+    }
+    return py::make_tuple(outputs, -1, py::none(), py::none()).release().ptr();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return nullptr;
+  }
+}
+
+PyMethodDef kRecorderMethods[] = {
+    {"run_recorded", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(run_recorded)), METH_FASTCALL,
+     "The branches run one after the other, recorded, until one writes or raises."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+void bind_write_recorder(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<Recorder>(m, "WriteRecorder")
+      .def(py::init<std::vector<std::optional<at::Tensor>>, std::vector<bool>>(), py::arg("bases"),
+           py::arg("refuse_grad"))
+      .def_static("available", &key_available, "Whether observe() can be used in this process.")
+      .def(
+          "run",
+          [](Recorder& r, py::handle fn, py::handle args) {
+            observe(r);
+            struct Stop {
+              Recorder& r;
+              ~Stop() { stop_observing(r); }
+            } stop{r};
+            py::tuple call_args = py::tuple(py::reinterpret_borrow<py::object>(args));
+            PyObject* out = PyObject_Call(fn.ptr(), call_args.ptr(), nullptr);
+            if (out == nullptr) throw py::error_already_set();
+            py::object result = py::reinterpret_steal<py::object>(out);
+            return py::make_tuple(py::tuple(result), r.wrote());
+          },
+          "observe(); tuple(fn(*args)); stop(). Returns that tuple and whether the branch wrote.")
+      .def("observe", &observe, "Forget the previous branch; record the ops this thread runs until stop().")
+      .def("reset", &Recorder::reset, "Forget the previous branch.")
+      .def("rebase", &Recorder::rebase, "The operands of the next branch.")
+      .def("stop", &stop_observing)
+      .def("before_write",
+           [](Recorder& r, const std::string& op, const at::Tensor& t) { return as_tuple(r.before_write(op, t)); })
+      .def("made",
+           [](Recorder& r, const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
+             c10::SmallVector<StorageId, 8> in;
+             for (const auto& i : inputs) in.push_back(storage_of(i));
+             r.made(storage_of(t), in);
+           })
+      .def("mark_outside", &Recorder::mark_outside)
+      .def("undo", &Recorder::undo)
+      .def_property_readonly("wrote", &Recorder::wrote)
+      .def_property_readonly("saved", &Recorder::saved)
+      .def_property_readonly("refusal", [](const Recorder& r) { return as_tuple(r.refusal()); });
+  for (PyMethodDef* def = kRecorderMethods; def->ml_name != nullptr; ++def) {
+    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
+    if (fn == nullptr) throw py::error_already_set();
+    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
+  }
+}
+
+}  // namespace torchcond
