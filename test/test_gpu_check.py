@@ -43,7 +43,9 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0():
 def test_make_gpu_check_uses_the_python_given_and_installs_nothing():
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    proc = _run(["make", "gpu-check", f"PYTHON={sys.executable}", "VENV=/nonexistent"])
+    # --no-print-directory: run under a parent make (make test), make prints
+    # "Entering directory" lines otherwise.
+    proc = _run(["make", "--no-print-directory", "gpu-check", f"PYTHON={sys.executable}", "VENV=/nonexistent"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [proc.stdout.strip()]
     assert proc.stdout.startswith("gpu-check: skipped: torch ")
