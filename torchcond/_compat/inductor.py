@@ -63,7 +63,10 @@ def _register_lowerings(lowering, cond_op, switch_op, in_place) -> None:
         # Inductor's cudagraph trees cannot record a host-side branch: same reason,
         # same flag as torch.cond's lowering.
         if any(isinstance(v, ir.IRNode) and lowering.is_triton(v) for v in values):
-            message = f"control flow operator: {op_name}."
+            message = (
+                f"control flow operator: {op_name} picks its branch on the host; "
+                "strategy='select' keeps a conditional on the device and in the graph."
+            )
             stack_trace = V.graph.current_node.meta.get("stack_trace")
             if stack_trace:
                 message = f"{message} Found from :\n {stack_trace}"
