@@ -80,6 +80,7 @@ class Conditional:
     how="python_if": the reference, a Python `if` on the selector's value.
     how="fixed": branch `branch` alone, whatever the selector: what torch must be able
     to run for the case to be in scope.
+    how="torch.cond": torch.cond (two branches only), for docs/composition.rst's table.
     """
 
     op: str
@@ -99,6 +100,8 @@ class Conditional:
                     selector, branches[0], branches[1], operands, strategy=self.strategy
                 )
             return torchcond.switch(selector, branches, operands, strategy=self.strategy)
+        if self.how == "torch.cond":
+            return torch.cond(selector, branches[0], branches[1], tuple(operands))
         if self.how == "python_if":
             if self.op == "cond":
                 k = 0 if bool(selector) else 1

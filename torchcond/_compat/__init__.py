@@ -282,13 +282,24 @@ def new_unbacked_size(shape_env, lower, upper) -> torch.SymInt:
     return size
 
 
-def same_size(a, b) -> bool:
-    """Statically equal sizes, with no guard: the same expression. An unbacked size
-    equals only itself (the batch size vmap maps every branch over, say); two
-    branches' data-dependent sizes are different symbols."""
-    from torch.fx.experimental.symbolic_shapes import SymIntEqByExpr
+def same_size(a, b, outside: frozenset = frozenset()) -> bool:
+    """Statically equal sizes, with no guard: the same expression. A size made from
+    data equals another only where its symbols are bound ``outside`` the branches
+    (the batch size vmap maps every branch over, say): each branch's own are its
+    subgraph's, unknown to the graph around it."""
+    from torch.fx.experimental.symbolic_shapes import SymIntEqByExpr, free_unbacked_symbols
 
-    return SymIntEqByExpr(a) == SymIntEqByExpr(b)
+    if SymIntEqByExpr(a) != SymIntEqByExpr(b):
+        return False
+    return a is b or isinstance(a, int) or free_unbacked_symbols(a) <= outside
+
+
+def unbacked_symbols(tensors) -> frozenset:
+    """The data-dependent size symbols in ``tensors``' sizes and strides. 2.11-2.15."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    values = [t for t in tensors if isinstance(t, torch.Tensor)]
+    return frozenset().union(*(free_unbacked_symbols((*t.shape, *t.stride())) for t in values))
 
 
 def assume_same_size(a, b) -> bool:
@@ -403,10 +414,9 @@ def fake_mode_of(args):
     """The fake mode of the current trace or of ``args``; None for real tensors."""
     from torch._guards import detect_fake_mode
 
-    tracer = _proxy_tensor._CURRENT_MAKE_FX_TRACER
-    if tracer is not None and tracer.fake_tensor_mode is not None:
-        return tracer.fake_tensor_mode
-    return detect_fake_mode(args)
+    # Another thread's session may be current (tracing.py refuses it): read it safely.
+    mode = getattr(_proxy_tensor._CURRENT_MAKE_FX_TRACER, "fake_tensor_mode", None)
+    return mode if mode is not None else detect_fake_mode(args)
 
 
 def trace_as_export_would(fn: Callable, args: tuple) -> torch.fx.GraphModule:
@@ -672,6 +682,10 @@ def differentiating_transforms_active() -> bool:
     """True while a torch.func transform that differentiates (grad, jvp) or a forward-AD
     level is active; vmap alone differentiates nothing. 2.11-2.15
     (``get_interpreter_stack`` lists the levels, outermost first, or is None)."""
+    if is_dynamo_compiling():  # dynamo cannot call the stack's C functions
+        from .dynamo import differentiating_transform_active
+
+        return differentiating_transform_active()
     if _forward_ad._current_level >= 0:
         return True
     if _peek_interpreter_stack() is None:

@@ -27,11 +27,14 @@ def merge_branch_outputs(
     branch_outputs: Sequence[tuple[torch.Tensor, ...]],
     labels: Sequence[str],
     shape_env=None,
+    outside: frozenset = frozenset(),
 ) -> tuple[torch.Tensor, ...]:
-    """Return fresh empty tensors describing every branch's outputs at once."""
+    """Return fresh empty tensors describing every branch's outputs at once;
+    ``outside``: the data-dependent size symbols bound around the conditional."""
     check_agreement(branch_outputs, labels)
     return tuple(
-        _merge_leaf(j, leaves, labels, shape_env) for j, leaves in enumerate(zip(*branch_outputs))
+        _merge_leaf(j, leaves, labels, shape_env, outside)
+        for j, leaves in enumerate(zip(*branch_outputs))
     )
 
 
@@ -93,18 +96,18 @@ def _mismatch(j: int, where: str, what: str, labels, values, why: str = "") -> B
     )
 
 
-def _merge_leaf(j: int, leaves, labels, shape_env) -> torch.Tensor:
+def _merge_leaf(j: int, leaves, labels, shape_env, outside) -> torch.Tensor:
     first = leaves[0]
-    sizes, sizes_agree = _merge_sizes(j, leaves, labels, shape_env)
+    sizes, sizes_agree = _merge_sizes(j, leaves, labels, shape_env, outside)
     strides = _merge_strides(leaves, sizes, sizes_agree)
     return torch.empty_strided(sizes, strides, dtype=first.dtype, device=first.device)
 
 
-def _merge_sizes(j: int, leaves, labels, shape_env) -> tuple[list, bool]:
+def _merge_sizes(j: int, leaves, labels, shape_env, outside) -> tuple[list, bool]:
     merged = []
     agree = True
     for dim, per_branch in enumerate(zip(*(t.shape for t in leaves))):
-        if all(_compat.same_size(per_branch[0], s) for s in per_branch[1:]):
+        if all(_compat.same_size(per_branch[0], s, outside) for s in per_branch[1:]):
             merged.append(per_branch[0])
             continue
         if shape_env is None:

@@ -143,7 +143,8 @@ def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
         # fresh symbols of this node, so the tracer records where they come from.
         with _compat.ignore_fresh_unbacked(mode), state.every_branch_runs():
             outs = [tuple(b(*operands)) for b in branches]
-        return _merged(form, branches, outs, mode.shape_env)
+        outside = _compat.unbacked_symbols(operands)
+        return _merged(form, branches, outs, mode.shape_env, outside)
 
 
 def _subclass_rule(op, values):
@@ -316,8 +317,8 @@ def _all_branches_merged(form, branches, operands, shape_env):
     return _merged(form, branches, [tuple(b(*operands)) for b in branches], shape_env)
 
 
-def _merged(form, branches, outs, shape_env):
-    return merge_branch_outputs(outs, form.labels(len(branches)), shape_env)
+def _merged(form, branches, outs, shape_env, outside: frozenset = frozenset()):
+    return merge_branch_outputs(outs, form.labels(len(branches)), shape_env, outside)
 
 
 def _check_named_outputs(branch_outputs, labels, out_spec) -> None:

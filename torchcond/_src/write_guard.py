@@ -37,7 +37,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .. import _C, _compat
-from .._compat.dynamo import differentiating_transform_active
 from ..errors import BranchMutationError
 from .subgraph import written_arguments
 
@@ -249,7 +248,7 @@ def needs_grad(t: torch.Tensor) -> bool:
     if not (t.dtype.is_floating_point or t.dtype.is_complex):
         return False
     if _compat.is_dynamo_compiling():  # dynamo sees no functorch wrappers
-        return (torch.is_grad_enabled() and t.requires_grad) or differentiating_transform_active()
+        return (torch.is_grad_enabled() and t.requires_grad) or _compat.differentiating_transforms_active()
     if _compat.is_differentiated_by_transform(t):
         return True
     # Under vmap, autograd records below the batched wrapper, which never requires grad.
