@@ -681,6 +681,69 @@ def test_gradcheck_select_n():
     assert torch.autograd.gradgradcheck(fn, tuple(cases))
 
 
+def _select_program(p, t, f, s):
+    return tuple(select(p, [t, s, t * 2], [f, s.exp(), f]))
+
+
+def _select_n_program(index, a, b, c):
+    return tuple(select_n(index, [[a, a.sum(1)], [b, b[:, 0]], [c * c, c[:, 1]]]))
+
+
+def _second_order(fn, selector, *leaves):
+    """The gradient of (the sum of the first-order gradients) of fn's outputs."""
+    out = fn(selector, *leaves)
+    first = torch.autograd.grad(sum(o.sum() for o in out), leaves, create_graph=True)
+    return torch.autograd.grad(sum(g.sum() for g in first), leaves, allow_unused=True)
+
+
+def _double_backward_args():
+    torch.manual_seed(0)
+    sel = [
+        (
+            _select_program,
+            torch.tensor([True, False, True]),
+            (torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)),
+            torch.randn(3, dtype=torch.float64),
+        ),
+        (
+            _select_n_program,
+            torch.tensor([3, -1, 1]),
+            tuple(torch.randn(3, 2, dtype=torch.float64) for _ in range(2)),
+            torch.randn(3, 2, dtype=torch.float64),
+        ),
+    ]
+    return [(fn, s, (*vals, last)) for fn, s, vals, last in sel]
+
+
+def _leaves(values):
+    return tuple(v.detach().requires_grad_() for v in values)
+
+
+@pytest.mark.parametrize("which", ["select", "select_n"])
+def test_double_backward_traced_and_compiled_eager_match_eager(which):
+    # The second-order gradient through the select operators traced by make_fx and
+    # compiled without AOTAutograd: the ops' backward is itself differentiable there.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fn, selector, values = _double_backward_args()[which == "select_n"]
+    expected = _second_order(fn, selector, *_leaves(values))
+    assert any(e is not None and e.abs().sum() > 0 for e in expected)
+
+    def traced(selector, *values):
+        return _second_order(fn, selector, *_leaves(values))
+
+    got = make_fx(traced)(selector, *values)(selector, *values)
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    for actual in (got, _second_order(compiled, selector, *_leaves(values))):
+        for a, e in zip(actual, expected):
+            assert (a is None) == (e is None)
+            if e is not None:
+                torch.testing.assert_close(a, e)
+    torch.autograd.gradgradcheck(
+        lambda *v: compiled(selector, *v), _leaves(values), check_fwd_over_rev=True
+    )
+
+
 def test_outputs_without_gradient_and_integer_outputs():
     pred = torch.tensor([True, False])
     t = torch.randn(2, 3, requires_grad=True)
