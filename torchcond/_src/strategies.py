@@ -205,7 +205,7 @@ def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool)
             where = mask()
             if where.device != t.device and where.device.type != "cpu":
                 where = where.to(t.device)  # a CPU scalar beside CUDA tensors, say
-            (masked,) = select_ops.select(where, [t], [t.detach()])
+            (masked,) = _mask_gradients(where, [t])
         writes.stand_in(masked)
         return masked
 
@@ -276,11 +276,21 @@ def any_needs_grad(operands) -> bool:
     return any(needs_grad(t) for t in operands if isinstance(t, torch.Tensor))
 
 
+def _mask_gradients(mask: torch.Tensor, values) -> list:
+    """``values`` forward; backward, their gradients where ``mask`` is set."""
+    if _compat.tracing_active():
+        # torch.where, which AOTAutograd may recompute in the backward from the value
+        # itself: then a compiled double backward raises torch's error, as for the
+        # same program written by hand. A fused select would be saved instead, and
+        # torch would drop the second-order gradient without an error.
+        return [torch.where(mask, v, v.detach()) for v in values]
+    return select_ops.select(mask, values, [v.detach() for v in values])
+
+
 def _masked(mask: torch.Tensor, operands, guarded) -> list:
     """``operands`` unchanged forward; the backward of those at ``guarded`` reads only
     the examples ``mask`` selects (one fused select for all of them)."""
-    values = [operands[i] for i in guarded]
-    masked = select_ops.select(mask, values, [v.detach() for v in values])
+    masked = _mask_gradients(mask, [operands[i] for i in guarded])
     inputs = list(operands)
     for i, value in zip(guarded, masked):
         inputs[i] = value
