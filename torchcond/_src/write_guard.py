@@ -98,7 +98,16 @@ class BranchWrites:
             r or (owning and isinstance(t, _Tensor)) for r, t in zip(refuse_grad, operands)
         ]
         self._owning = owning
-        self._copied: list[int] = []  # operands each branch gets a copy of, owning
+        # Operands each branch gets a copy of, owning. Under export's pre-dispatch trace
+        # a write is in the graph before the recorder hears of it, so it cannot be
+        # stopped: every branch writes copies from the start, and only the copies it
+        # wrote (their version moved) are new values.
+        self._upfront = owning and not _is_dynamo_compiling() and _compat.pre_dispatch_tracing()
+        self._copied: list[int] = (
+            [i for i, t in enumerate(operands) if isinstance(t, _Tensor) and not refuse_grad[i]]
+            if self._upfront
+            else []
+        )
         self._wrote = False
         self._recorder: _C.WriteRecorder | None = None  # the last branch's, made when one runs
         # Dynamo records no writes (see above).
@@ -175,7 +184,10 @@ class BranchWrites:
                 continue
             n = len(out) - len(copied)
             outputs, values = self.finish(out[:n])
-            return outputs, {**values, **dict(zip(copied, out[n:]))}
+            for i, copy in zip(copied, out[n:]):
+                if not self._upfront or _functorch_base(copy)._version:
+                    values[i] = copy
+            return outputs, values
 
     def run_all(self, labels: Sequence[str], branches: Sequence[Callable], inputs) -> tuple:
         """``run`` then ``finish`` each branch, all on ``inputs`` and without a context:
@@ -258,8 +270,8 @@ def _writing_copies(branch: Callable, copied: Sequence[int]) -> Callable:
     if not copied:
         return branch
 
-    def run(*inputs):
-        inputs = list(inputs)
+    def run(*operands):
+        inputs = list(operands)
         for i in copied:
             inputs[i] = inputs[i].clone()
         return (*branch(*inputs), *(inputs[i] for i in copied))
