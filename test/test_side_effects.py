@@ -799,7 +799,7 @@ def test_a_written_operand_the_gradient_reads_matches_python_if(how):
     for taken in (True, False):
         x = torch.tensor([0.5, 0.7], requires_grad=True)
         buf = torch.tensor([1.5, 1.9])
-        out, expected, (x_ref, buf_ref) = _every_branch(
+        out, expected, (_, buf_ref) = _every_branch(
             how, _scale_by_written, lambda x, b: x.cos(), taken, (x, buf)
         )
         torch.testing.assert_close(out, expected)
