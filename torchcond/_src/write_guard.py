@@ -187,6 +187,8 @@ class BranchWrites:
             for i, copy in zip(copied, out[n:]):
                 if not self._upfront or _functorch_base(copy)._version:
                     values[i] = copy
+                else:  # unwritten: an output that is the copy is the operand
+                    outputs = tuple(inputs[i] if o is copy else o for o in outputs)
             return outputs, values
 
     def run_all(self, labels: Sequence[str], branches: Sequence[Callable], inputs) -> tuple:
