@@ -191,10 +191,10 @@ class Recorder {
       why = kOutside;
     } else if (matches > 1) {
       why = kShared;
-    } else if (refuse_grad_[first]) {
-      why = kNeedsGrad;
     } else if (concrete(t) && concrete(*bases_[first]) && !within_elements(t, *bases_[first])) {
       why = kOutsideElements;
+    } else if (refuse_grad_[first]) {  // after the check above: write_guard.py may ask for a copy
+      why = kNeedsGrad;
     }
     if (!why) {
       save(first);

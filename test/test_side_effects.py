@@ -784,3 +784,50 @@ def test_torch_cond_on_the_same_work():
     torch.testing.assert_close(
         torch.compile(model, backend="aot_eager", fullgraph=True)(x), expected
     )
+
+
+def _scale_by_written(x, buffer):
+    buffer.add_(1.0)
+    return x * buffer  # autograd saves the written buffer
+
+
+@EVERY_BRANCH
+def test_a_written_operand_the_gradient_reads_matches_python_if(how):
+    # The branch's graph keeps the buffer it wrote: putting the operand's old value back
+    # in place would change that tensor (a version error in backward, or a wrong
+    # gradient). Value, write and gradient as a Python `if` gives them.
+    for taken in (True, False):
+        x = torch.tensor([0.5, 0.7], requires_grad=True)
+        buf = torch.tensor([1.5, 1.9])
+        out, expected, (_, buf_ref) = _every_branch(
+            how, _scale_by_written, lambda x, b: x.cos(), taken, (x, buf)
+        )
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(buf, buf_ref)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        x2, b = x.detach().requires_grad_(), torch.tensor([1.5, 1.9])
+        if how == "select":
+            want = _scale_by_written(x2, b) if taken else x2.cos()
+        else:
+            flags = (taken, not taken)
+            want = torch.stack(
+                [_scale_by_written(x2[i], b[i]) if p else x2[i].cos() for i, p in enumerate(flags)]
+            )
+        (grad_ref,) = torch.autograd.grad(want.sum(), x2)
+        torch.testing.assert_close(grad, grad_ref)
+
+
+def test_a_written_operand_under_export_matches_python_if():
+    # Export's pre-dispatch trace records a write before torchcond hears of it: every
+    # branch writes its own copy, and only the written one is written back.
+    class M(torch.nn.Module):
+        def forward(self, x, buf, p):
+            return cond(p, _scale_by_written, lambda x, b: x.cos(), (x, buf), strategy="select")
+
+    args = (torch.tensor(0.5), torch.tensor(1.5), torch.tensor(True))
+    m = torch.export.export(M(), args, strict=False).module()
+    for taken in (True, False):
+        x, buf, ref = torch.tensor(0.8), torch.tensor(1.7), torch.tensor(1.7)
+        expected = _scale_by_written(x, ref) if taken else x.cos()
+        torch.testing.assert_close(m(x, buf, torch.tensor(taken)), expected)
+        torch.testing.assert_close(buf, ref)

@@ -302,6 +302,17 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
                     supports_aliasing=True,
                 )
             except Unsupported as error:  # name the branch dynamo could not trace
+                if not may_write and "input mutation" in str(error):
+                    # Checked on 2.11-2.15: dynamo's words for a write to a subgraph input.
+                    from ..errors import BranchMutationError
+
+                    raise compile_time_error(
+                        BranchMutationError,
+                        f"{name}: input mutation (a write in place to an input), and every branch "
+                        "runs here, taken or not (strategy='select'). Under torch.compile "
+                        "such a write cannot be selected per branch: use strategy='auto', "
+                        "or return the new value instead (x + 1 rather than x.add_(1))",
+                    ) from None
                 error.msg = f"{name}: {error.msg}"
                 error.args = (error.msg, *error.args[1:])
                 raise

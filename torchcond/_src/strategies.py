@@ -143,7 +143,7 @@ def run_every_branch(
         guarded = [i for i, r in enumerate(refused) if r]
     else:
         refused, guarded = [False] * len(operands), []
-    writes = BranchWrites(operands, refused)
+    writes = BranchWrites(operands, refused, owning=differentiable)
     # A buffer a branch assigns, or other Python state it changes: refused (state.py).
     with every_branch_runs("select"):
         if differentiable:
@@ -151,8 +151,12 @@ def run_every_branch(
             for k, branch in enumerate(branches):
                 mask = _Mask(first, which, k)
                 inputs = _masked(mask(), operands, guarded) if guarded else operands
-                masked = _closures_masked(mask, inputs, writes, grad_mode)
-                outs, new_values = writes.finish(writes.run(labels[k], branch, inputs, masked))
+                outs, new_values = writes.run_owning(
+                    labels[k],
+                    branch,
+                    inputs,
+                    lambda: (_closures_masked(mask, inputs, writes, grad_mode),),  # noqa: B023
+                )
                 outputs.append(outs)
                 values.append(new_values)
                 given.append(inputs)

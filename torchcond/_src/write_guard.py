@@ -68,19 +68,45 @@ _WHY = (
     "(x + 1 rather than x.add_(1))",
     "memory of its input {path}'s storage outside {path} itself (shape {shape}), whose "
     "value cannot be selected per branch: pass what it writes as an operand",
+    "its input {path} as the caller holds it, beside the copy of it the branch receives "
+    "(where a gradient may be taken, a branch writes its own copy): write the one it "
+    "receives",
 )
+_NEEDS_GRAD, _BESIDE_COPY = 2, 4
+
+
+class _CopyWanted(Exception):
+    """A branch's write to operand ``args[0]`` stopped before it landed: the branch
+    runs again writing its own copy (BranchWrites.run_owning)."""
 
 
 class BranchWrites:
     """The writes of one conditional call's branches to its ``operands``, recorded one
     branch at a time: ``run`` a branch, then ``finish`` it (or ``run_all``).
     ``refuse_grad[i]``: a write to operand ``i`` is refused because it needs a
-    gradient."""
+    gradient. ``owning``: branches run with ``run_owning``, each writing its own copy
+    of an operand (see there)."""
 
-    def __init__(self, operands: Sequence, refuse_grad: Sequence[bool]):
+    def __init__(self, operands: Sequence, refuse_grad: Sequence[bool], owning: bool = False):
         self.label = ""
         self._inputs = operands
-        self._refuse = list(refuse_grad)
+        self._needs_grad = list(refuse_grad)
+        # Owning, every write to an operand stops before it lands (the recorder's
+        # refusal), so that the branch can run again on a copy.
+        self._refuse = [
+            r or (owning and isinstance(t, _Tensor)) for r, t in zip(refuse_grad, operands)
+        ]
+        self._owning = owning
+        # Operands each branch gets a copy of, owning. Under export's pre-dispatch trace
+        # a write is in the graph before the recorder hears of it, so it cannot be
+        # stopped: every branch writes copies from the start, and only the copies it
+        # wrote (their version moved) are new values.
+        self._upfront = owning and not _is_dynamo_compiling() and _compat.pre_dispatch_tracing()
+        self._copied: list[int] = (
+            [i for i, t in enumerate(operands) if isinstance(t, _Tensor) and not refuse_grad[i]]
+            if self._upfront
+            else []
+        )
         self._wrote = False
         self._recorder: _C.WriteRecorder | None = None  # the last branch's, made when one runs
         # Dynamo records no writes (see above).
@@ -137,6 +163,33 @@ class BranchWrites:
             self._undo_and_raise(None)
         return out
 
+    def run_owning(
+        self, label: str, branch: Callable, inputs: Sequence, context: Callable[[], tuple]
+    ) -> tuple[tuple, dict[int, torch.Tensor]]:
+        """``run`` then ``finish``, where the branch's autograd graph may keep what it
+        writes (a gradient may be taken, now or of a trace): the branch writes its own
+        copy of an operand, whose value after it is the operand's new value. Putting
+        the old value back in place, as ``run`` does, would change a tensor the graph
+        saved. A write to an operand without a copy stops before it lands; the branch
+        then runs again with a copy of it, as every later branch does. A branch that
+        writes nothing runs once, on the operands. ``context()``: the context managers
+        for one run."""
+        while True:
+            copied = tuple(self._copied)
+            try:
+                out = self.run(label, _writing_copies(branch, copied), inputs, *context())
+            except _CopyWanted as wanted:
+                self._copied.append(wanted.args[0])
+                continue
+            n = len(out) - len(copied)
+            outputs, values = self.finish(out[:n])
+            for i, copy in zip(copied, out[n:]):
+                if not self._upfront or _functorch_base(copy)._version:
+                    values[i] = copy
+                else:  # unwritten: an output that is the copy is the operand
+                    outputs = tuple(inputs[i] if o is copy else o for o in outputs)
+            return outputs, values
+
     def run_all(self, labels: Sequence[str], branches: Sequence[Callable], inputs) -> tuple:
         """``run`` then ``finish`` each branch, all on ``inputs`` and without a context:
         every branch's outputs, and for each the operands' new values it wrote. Where
@@ -173,6 +226,12 @@ class BranchWrites:
         if error is None and refusal is None:
             return
         recorder.undo()
+        if refusal is not None and self._owning and refusal[3] == _NEEDS_GRAD:
+            operand = refusal[0]
+            if not self._needs_grad[operand]:
+                if operand not in self._copied:
+                    raise _CopyWanted(operand) from error
+                raise self.refused(*refusal[:3], _BESIDE_COPY) from error
         if refusal is not None and not isinstance(error, BranchMutationError):
             raise self.refused(*refusal) from error
 
@@ -204,6 +263,21 @@ class BranchWrites:
         values = {i: inputs[i].clone() for i, _ in sorted(saved, key=lambda s: s[0])}
         self.recorder.undo()
         return outputs, values
+
+
+def _writing_copies(branch: Callable, copied: Sequence[int]) -> Callable:
+    """``branch`` run on a copy of each operand at ``copied``, made while it runs (so its
+    writes to them are its own); it returns its outputs, then the copies."""
+    if not copied:
+        return branch
+
+    def run(*operands):
+        inputs = list(operands)
+        for i in copied:
+            inputs[i] = inputs[i].clone()
+        return (*branch(*inputs), *(inputs[i] for i in copied))
+
+    return run
 
 
 def _within(context, fn, args, result=tuple):
