@@ -47,7 +47,14 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
 ]
-exclude_patterns = ["_build", "composition_table.rst", "_inventories", "_screenshots", "Thumbs.db", ".DS_Store"]
+exclude_patterns = [
+    "_build",
+    "composition_table.rst",
+    "_inventories",
+    "_screenshots",
+    "Thumbs.db",
+    ".DS_Store",
+]
 root_doc = "index"
 default_role = "code"  # `x` is inline code, as ``x`` is
 

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from helpers import TORCH_VERSION
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from torchcond import UnsupportedCondError, cond, switch
+from torchcond import BranchMutationError, UnsupportedCondError, cond, switch
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 OPS = ["cond", "switch"]
@@ -406,6 +406,39 @@ def test_select_strategy_with_a_conditional_in_a_branch(backend, inner):
         torch.testing.assert_close((out, *got), (want_out, *want))
         with torch.no_grad():
             torch.testing.assert_close(compiled(x, y, *args), python_if(x, y, *args))
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda b: b.add_(1.0),
+        lambda b: b[0:2].mul_(2.0),
+        lambda b: b.__setitem__(0, 5.0),
+        lambda b: b.unsqueeze(0).copy_(b + 1.0),
+        lambda b: b.__iadd__(1.0),
+    ],
+    ids=["add_", "view", "setitem", "view_copy", "iadd"],
+)
+def test_select_strategy_refuses_writes_under_compiled_vmap(write):
+    # Under vmap, dynamo's own write check reads the batched wrapper's version, which
+    # a write inside it leaves unchanged: the branch graph itself is checked.
+    def writes(x, b):
+        write(b)
+        return x * b
+
+    def f(x, y, p):
+        return cond(p, writes, lambda x, b: x.cos(), (x, y), strategy="select")
+
+    torch._dynamo.reset()
+    y = torch.zeros(3, 2)
+    compiled = torch.compile(
+        lambda x, y, p: torch.vmap(f, in_dims=(0, 0, None))(x, y, p),
+        backend="eager",
+        fullgraph=True,
+    )
+    with pytest.raises(BranchMutationError, match=r"true_fn: input mutation .*strategy='select'"):
+        compiled(torch.ones(3, 2), y, torch.tensor(True))
+    torch.testing.assert_close(y, torch.zeros(3, 2))
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])

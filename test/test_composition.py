@@ -114,7 +114,6 @@ class Conditional:
             k = min(self.branch, len(branches) - 1)
         return branches[k](*operands)
 
-
     def _by_hand(self, selector, branches, operands):
         """strategy="select" written with torch.where: each branch reads its operands
         masked to the examples that take it (the "double where" that keeps an untaken
@@ -127,7 +126,10 @@ class Conditional:
                 return torch.where(mask, o, o.detach())
             return o
 
-        outs = [b(*pytree.tree_map(lambda o, m=m: masked(m, o), operands)) for m, b in zip(masks, branches)]
+        outs = [
+            b(*pytree.tree_map(lambda o, m=m: masked(m, o), operands))
+            for m, b in zip(masks, branches)
+        ]
         picked = outs[-1]
         for m, out in zip(masks[-2::-1], outs[-2::-1]):
             picked = pytree.tree_map(lambda a, b, m=m: torch.where(m, a, b), out, picked)

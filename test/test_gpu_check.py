@@ -45,7 +45,15 @@ def test_make_gpu_check_uses_the_python_given_and_installs_nothing():
         pytest.skip("make is not installed")
     # --no-print-directory: run under a parent make (make test), make prints
     # "Entering directory" lines otherwise.
-    proc = _run(["make", "--no-print-directory", "gpu-check", f"PYTHON={sys.executable}", "VENV=/nonexistent"])
+    proc = _run(
+        [
+            "make",
+            "--no-print-directory",
+            "gpu-check",
+            f"PYTHON={sys.executable}",
+            "VENV=/nonexistent",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [proc.stdout.strip()]
     assert proc.stdout.startswith("gpu-check: skipped: torch ")

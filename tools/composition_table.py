@@ -31,7 +31,15 @@ import test_composition as matrix  # noqa: E402
 import torch  # noqa: E402
 
 KINDS = ["ordinary", "closure_diff", "identity", "constant"]
-TRANSFORMS = [*matrix.SINGLES, "vmap.grad", "grad.vmap", "jvp.grad", "grad.grad", "autograd", "autograd2"]
+TRANSFORMS = [
+    *matrix.SINGLES,
+    "vmap.grad",
+    "grad.vmap",
+    "jvp.grad",
+    "grad.grad",
+    "autograd",
+    "autograd2",
+]
 HOWS = {"torchcond": "torchcond.cond", "torch.cond": "torch.cond"}
 
 
@@ -55,7 +63,7 @@ def row(context: str, transform: str) -> dict[str, str]:
         in_scope += 1
         case = matrix.Case(context, transform, kind, "cond", "auto")
         _, calls = matrix.input_sets(matrix.KINDS[kind], "cond", case.inner)
-        refs = [matrix.run_calls(lambda: matrix.build(case, "python_if"), [a]) for a in calls]
+        refs = [matrix.run_calls(lambda c=case: matrix.build(c, "python_if"), [a]) for a in calls]
         expected = [None if r.error else r.results[0] for r in refs]
         for how in HOWS:
             counts[how][outcome(case, how, expected, calls)] += 1

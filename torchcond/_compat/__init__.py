@@ -624,6 +624,17 @@ def _traced_under_a_transform() -> bool:
 _traced_under_a_transform._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
+def _traced_under_a_differentiating_transform() -> bool:
+    """Under dynamo (marked below): whether a torch.func grad or jvp level is active.
+    Dynamo shows no functorch wrappers, and a tensor ``torch.func.grad`` differentiates
+    does not read as requiring grad there."""
+    stack = _peek_interpreter_stack() and _interpreter_stack()
+    return any(level.key() in DIFFERENTIATING_TRANSFORMS for level in stack or ())
+
+
+_traced_under_a_differentiating_transform._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def torch_func_level_active() -> bool:
     """True while a torch.func transform's level is active (forward AD alone does not count).
 
@@ -683,9 +694,7 @@ def differentiating_transforms_active() -> bool:
     level is active; vmap alone differentiates nothing. 2.11-2.15
     (``get_interpreter_stack`` lists the levels, outermost first, or is None)."""
     if is_dynamo_compiling():  # dynamo cannot call the stack's C functions
-        from .dynamo import differentiating_transform_active
-
-        return differentiating_transform_active()
+        return _traced_under_a_differentiating_transform()
     if _forward_ad._current_level >= 0:
         return True
     if _peek_interpreter_stack() is None:

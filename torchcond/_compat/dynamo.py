@@ -27,6 +27,7 @@ imported (see ``install``).
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import re
 import warnings
@@ -75,23 +76,6 @@ def tracing_a_subgraph() -> bool:
 
 
 tracing_a_subgraph._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
-
-def differentiating_transform_active() -> bool:
-    """Under dynamo: whether a torch.func grad or jvp level is active where the code
-    being traced runs. Dynamo shows no functorch wrappers, and a tensor that
-    ``torch.func.grad`` differentiates does not read as requiring grad there.
-
-    Called while dynamo traces (marked below): dynamo enters the levels of the
-    transforms it traces, and guards on those active around the compiled call.
-    """
-    from . import DIFFERENTIATING_TRANSFORMS
-
-    stack = torch._C._functorch.get_interpreter_stack() or []
-    return any(level.key() in DIFFERENTIATING_TRANSFORMS for level in stack)
-
-
-differentiating_transform_active._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 _COMPILE_TIME_ERRORS: dict[type, type] = {}
@@ -304,18 +288,14 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
             except Unsupported as error:  # name the branch dynamo could not trace
                 if not may_write and "input mutation" in str(error):
                     # Checked on 2.11-2.15: dynamo's words for a write to a subgraph input.
-                    from ..errors import BranchMutationError
-
-                    raise compile_time_error(
-                        BranchMutationError,
-                        f"{name}: input mutation (a write in place to an input), and every branch "
-                        "runs here, taken or not (strategy='select'). Under torch.compile "
-                        "such a write cannot be selected per branch: use strategy='auto', "
-                        "or return the new value instead (x + 1 rather than x.add_(1))",
-                    ) from None
+                    raise _select_write_error(name) from None
                 error.msg = f"{name}: {error.msg}"
                 error.args = (error.msg, *error.args[1:])
                 raise
+            if not may_write and _writes_an_input(graph):
+                # Under vmap dynamo's own check compares the versions of the batched
+                # wrappers, which a write to the tensor inside them leaves unchanged.
+                raise _select_write_error(name)
             tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
             if not hop.only_consist_of(
                 ret_val, (variables().TensorVariable, variables().ConstantVariable)
@@ -449,6 +429,52 @@ def _recording(tx, effects: _BranchEffects):
     finally:
         tracer.allow_side_effects_in_hop = allowed
         SideEffects.check_allowed_side_effect = previous  # type: ignore[method-assign]
+
+
+def _select_write_error(name: str):
+    from ..errors import BranchMutationError
+
+    return compile_time_error(
+        BranchMutationError,
+        f"{name}: input mutation (a write in place to an input), and every branch "
+        "runs here, taken or not (strategy='select'). Under torch.compile "
+        "such a write cannot be selected per branch: use strategy='auto', "
+        "or return the new value instead (x + 1 rather than x.add_(1))",
+    )
+
+
+# Tensor methods that return a view of self: a write to one is a write to self.
+_VIEW_METHODS = frozenset(
+    "view view_as reshape reshape_as __getitem__ t transpose permute unsqueeze squeeze "
+    "expand expand_as narrow select as_strided flatten unflatten diagonal movedim "
+    "swapaxes unfold split chunk unbind real imag detach".split()
+)
+_IN_PLACE = "iadd isub imul itruediv ifloordiv imod ipow iand ior ixor setitem".split()
+_IN_PLACE_OPERATORS = frozenset(getattr(operator, n) for n in _IN_PLACE)
+_IN_PLACE_DUNDERS = frozenset(f"__{n}__" for n in _IN_PLACE)
+
+
+def _writes_an_input(graph: torch.fx.Graph) -> bool:
+    """Whether a branch graph dynamo traced writes in place to one of its inputs or a
+    view of one: a Tensor method ending in ``_``, an in-place operator, ``out=``."""
+    aliases = {n for n in graph.nodes if n.op == "placeholder"}
+    for node in graph.nodes:
+        if node.op not in ("call_method", "call_function"):
+            continue
+        first = node.args[0] if node.args else None
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        if first in aliases and (name in _VIEW_METHODS or node.target is operator.getitem):
+            aliases.add(node)
+        in_place = (
+            (name.endswith("_") and not name.startswith("_"))
+            or name in _IN_PLACE_DUNDERS
+            or node.target in _IN_PLACE_OPERATORS
+        )
+        if in_place and first in aliases:
+            return True
+        if any(a in aliases for a in pytree.tree_leaves(node.kwargs.get("out"))):
+            return True
+    return False
 
 
 def _settling_branch(branch, label: str, may_write: bool, state_rules):

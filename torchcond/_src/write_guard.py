@@ -322,7 +322,9 @@ def needs_grad(t: torch.Tensor) -> bool:
     if not (t.dtype.is_floating_point or t.dtype.is_complex):
         return False
     if _compat.is_dynamo_compiling():  # dynamo sees no functorch wrappers
-        return (torch.is_grad_enabled() and t.requires_grad) or _compat.differentiating_transforms_active()
+        return (
+            torch.is_grad_enabled() and t.requires_grad
+        ) or _compat.differentiating_transforms_active()
     if _compat.is_differentiated_by_transform(t):
         return True
     # Under vmap, autograd records below the batched wrapper, which never requires grad.
