@@ -69,7 +69,6 @@ pytree.register_pytree_node(_NoOutput, lambda _: ([], None), lambda _values, _co
 _NO_OUTPUT = _NoOutput()
 
 
-_Tensor = torch.Tensor
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _plain_tensors = _C.plain_tensors
 # The structures branches return most: one tensor, a tuple or list of tensors. Made
