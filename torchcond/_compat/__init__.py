@@ -282,6 +282,18 @@ def new_unbacked_size(shape_env, lower, upper) -> torch.SymInt:
     return size
 
 
+def check_in_range(value: torch.SymInt, lower, upper) -> None:
+    """``lower <= value <= upper`` for the shape env, and at run time where the trace
+    records its assertions; an infinite bound (``int_oo``, whose sympy ``is_finite``
+    is True) is no check. ``torch._check`` and ``int_oo`` exist on 2.11-2.15."""
+    from torch.utils._sympy.numbers import int_oo
+
+    if lower != -int_oo:
+        torch._check(value >= int(lower))
+    if upper != int_oo:
+        torch._check(value <= int(upper))
+
+
 def same_size(a, b) -> bool:
     """Statically equal sizes, with no guard: the same expression. An unbacked size
     equals only itself (the batch size vmap maps every branch over, say); two

@@ -380,7 +380,9 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
             _operator_under_dynamo(
                 form.op, selector, labelled_branches, operands, leaves_only=True, may_write=False
             )
-    return run_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
+    return run_flat(
+        labelled_branches, operands, strategies.runner(form, selector, strategy), selected=True
+    )
 
 
 def _warn_if_exporting(form: Form, value) -> None:

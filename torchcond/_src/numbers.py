@@ -1,0 +1,102 @@
+"""Python numbers among a branch's outputs: ``int``, ``bool``, ``float`` and their
+symbolic kinds (``SymInt``, ``SymBool``, ``SymFloat``).
+
+The operators return tensors only, so a number leaf crosses the operator as a 0-d
+tensor (``carried``) and comes back as a number (``restored``): eagerly the taken
+branch's value; traced, the constant every branch returns, or else an unbacked
+symbol whose range covers every branch's value, asserted at run time. Where every
+branch runs and a select picks each element (``strategy="select"``, vmap with a
+per-example selector), a number that differs between branches stays a 0-d tensor,
+as in JAX.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+from ..errors import BranchMismatchError, UnsupportedCondError
+
+NUMBER_TYPES = (bool, int, float, torch.SymBool, torch.SymInt, torch.SymFloat)
+_KINDS = {
+    bool: "bool",
+    int: "int",
+    float: "float",
+    torch.SymBool: "bool",
+    torch.SymInt: "int",
+    torch.SymFloat: "float",
+}
+_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
+
+
+def kind(leaf) -> str:
+    """``bool``, ``int`` or ``float`` for a number leaf, ``Tensor`` for a tensor, else the
+    leaf's type name."""
+    if isinstance(leaf, torch.Tensor):
+        return "Tensor"
+    found = _KINDS.get(type(leaf))
+    return found if found is not None else type(leaf).__name__
+
+
+def carried(value, path: str, label: str) -> torch.Tensor:
+    """``value`` as the 0-d tensor the operator returns in its place."""
+    try:
+        return torch.scalar_tensor(value, dtype=_DTYPES[kind(value)])
+    except RuntimeError as error:  # an int beyond int64
+        raise UnsupportedCondError(
+            f"{label} output: {path} is the int {value!r}, which does not fit in int64, "
+            "the widest integer a conditional's output can carry"
+        ) from error
+
+
+def check_same_kinds(labels, kinds, paths) -> None:
+    """Raise ``BranchMismatchError`` naming the first output whose leaf kind (tensor,
+    int, bool, float) differs between branches."""
+    first = kinds[0]
+    for label, other in zip(labels[1:], kinds[1:]):
+        for path, a, b in zip(paths, first, other):
+            if a != b:
+                raise BranchMismatchError(
+                    f"{path}: branches must return the same kind of value; "
+                    f"{labels[0]} returns {_article(a)}, {label} returns {_article(b)}"
+                )
+
+
+def _article(kind_name: str) -> str:
+    return f"an {kind_name}" if kind_name[0] in "aeiou" else f"a {kind_name}"
+
+
+def restored(out: torch.Tensor, values: list, n_branches: int, path: str, selected: bool):
+    """The conditional's number at ``path``: ``out`` is the operator's 0-d tensor for
+    it, ``values`` what the branches that ran returned there."""
+    if len(values) == n_branches and _all_same(values):
+        return values[0]
+    if selected or _compat.is_vmapped(out):
+        return out
+    if not _compat.tracing_active() and _compat.is_real_tensor(out):
+        return out.item()  # eagerly, the taken branch's value
+    mode = _compat.fake_mode_of([out])
+    shape_env = None if mode is None else mode.shape_env
+    if shape_env is None:
+        shown = ", ".join(repr(v) for v in values)
+        raise UnsupportedCondError(
+            f"{path}: branches return different numbers ({shown}) while tracing without "
+            "symbolic shapes, which cannot carry a number that depends on the selector; "
+            "trace with symbolic shapes (make_fx(..., tracing_mode='symbolic'), "
+            "torch.export) or return a tensor"
+        )
+    number = out.item()
+    if isinstance(number, torch.SymInt):
+        ranges = [_compat.sym_range(shape_env, v) for v in values]
+        _compat.check_in_range(number, min(r[0] for r in ranges), max(r[1] for r in ranges))
+    return number
+
+
+def _all_same(values) -> bool:
+    """Every branch returns the same constant, or the same size expression."""
+    first = values[0]
+    if type(first) in (bool, int, float):
+        return all(type(v) is type(first) and v == first for v in values[1:])
+    if isinstance(first, torch.SymInt):
+        return all(isinstance(v, torch.SymInt) and _compat.same_size(v, first) for v in values)
+    return False
