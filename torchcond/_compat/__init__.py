@@ -282,16 +282,29 @@ def new_unbacked_size(shape_env, lower, upper) -> torch.SymInt:
     return size
 
 
-def check_in_range(value: torch.SymInt, lower, upper) -> None:
-    """``lower <= value <= upper`` for the shape env, and at run time where the trace
-    records its assertions; an infinite bound (``int_oo``, whose sympy ``is_finite``
-    is True) is no check. ``torch._check`` and ``int_oo`` exist on 2.11-2.15."""
+def finite_bound(bound) -> int | None:
+    """A range bound as an int; None for an infinite one (``int_oo``, whose sympy
+    ``is_finite`` is True). ``int_oo`` exists on 2.11-2.15."""
     from torch.utils._sympy.numbers import int_oo
 
-    if lower != -int_oo:
-        torch._check(value >= int(lower))
-    if upper != int_oo:
-        torch._check(value <= int(upper))
+    if bound == int_oo or bound == -int_oo:
+        return None
+    return int(bound)
+
+
+def check_in_range(value: torch.SymInt, lower: int | None, upper: int | None) -> None:
+    """``lower <= value <= upper`` (None: unbounded) for the shape env, and at run time
+    where the trace records its assertions. ``torch._check`` exists on 2.11-2.15."""
+    if lower is not None:
+        torch._check(value >= lower)
+    if upper is not None:
+        torch._check(value <= upper)
+
+
+def local_scalar(t: torch.Tensor):
+    """``t.item()`` as an operator dynamo records without ``capture_scalar_outputs``
+    (an unbacked symbol where ``t`` is traced); on 2.11-2.15."""
+    return torch.ops.aten._local_scalar_dense.default(t)
 
 
 def same_size(a, b) -> bool:

@@ -113,7 +113,7 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
     return both(message)
 
 
-def install(forms: dict, check_outputs, state_rules) -> None:
+def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
     ``forms`` maps each operator to ``(taken, labels)``: ``taken(constant_selector, n)
@@ -124,21 +124,24 @@ def install(forms: dict, check_outputs, state_rules) -> None:
     path, when the speculated branches' outputs cannot be one operator's outputs.
     ``state_rules`` (``_src/state.py``): what a branch may change outside itself, and
     the errors for what it may not (see ``_settle``).
+    ``number_rules`` (``_src/numbers.py``): a number a branch returns, which
+    ``pytrees.speculated`` makes a ``Carried`` (see ``_number_values``).
     """
-    when_imported(
-        _HOP_VARIABLES, lambda module: _register(module, forms, check_outputs, state_rules)
-    )
+    rules = (check_outputs, state_rules, number_rules)
+    when_imported(_HOP_VARIABLES, lambda module: _register(module, forms, *rules))
 
 
-def _register(hop, forms: dict, check_outputs, state_rules) -> None:
+def _register(hop, forms: dict, check_outputs, state_rules, number_rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
     for op, (taken, labels) in forms.items():
         registry[op.name()] = _conditional_variable_class(
-            hop, op.name(), taken, labels, check_outputs, state_rules
+            hop, op.name(), taken, labels, check_outputs, state_rules, number_rules
         )
 
 
-def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs, state_rules):
+def _conditional_variable_class(
+    hop, op_name: str, taken, labels, check_outputs, state_rules, number_rules
+):
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
     Every branch is speculated into a subgraph; the subgraphs get the union of all
@@ -242,6 +245,7 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
                     refuse(
                         "branches return different pytree structures", (first_spec, spec.treespec)
                     )
+            _number_values(tx, speculated, number_rules)
             try:
                 check_outputs(
                     [_example_outputs(graph) for _, _, graph, _, _ in speculated],
@@ -306,10 +310,14 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
                 error.args = (error.msg, *error.args[1:])
                 raise
             tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
+            numbers = number_rules.value_positions(_python_treespec(ret_spec))
             if not hop.only_consist_of(
                 ret_val, (variables().TensorVariable, variables().ConstantVariable)
-            ) or any(v is not None for v in ret_spec.const_values or ()):
-                refuse("branches must return pytrees of tensors", ret_val)
+            ) or any(
+                v is not None and k not in numbers
+                for k, v in enumerate(ret_spec.const_values or ())
+            ):
+                refuse("branches must return pytrees of tensors and numbers", ret_val)
             return ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules)
 
         @staticmethod
@@ -675,6 +683,47 @@ def _user_frames_only(stack_trace: str) -> str:
     frames = [stack_trace[a:b] for a, b in zip(starts, [*starts[1:], len(stack_trace)])]
     kept = [f for f in frames if not f[len('  File "') :].startswith(_PACKAGE_DIR)]
     return stack_trace[: starts[0]] + "".join(kept)
+
+
+def _number_values(tx, speculated, number_rules) -> None:
+    """Where each number a branch returns goes back into the output (the first
+    branch's constants, which dynamo puts back), what every branch returned there
+    (``number_rules.dynamo_info``).
+
+    A ``SymInt`` a branch returns is a graph output made into a 0-d tensor: its range,
+    read from the node that made the tensor, is the shape env's.
+    """
+    first = speculated[0][1]
+    numbers = number_rules.value_positions(_python_treespec(first))
+    if not numbers:
+        return
+    masks = first.masks_to_filter_const_values
+    values = list(first.const_values)
+    for value_at, tensor_at in numbers.items():
+        graph_index = sum(1 for m in masks[:tensor_at] if not m)
+        per_branch = [spec.const_values[value_at] for _, spec, *_ in speculated]
+        ranges = [
+            _number_range(tx, graph, graph_index, v)
+            for v, (_, _, graph, _, _) in zip(per_branch, speculated)
+        ]
+        values[value_at] = number_rules.dynamo_info(per_branch, ranges)
+    first.const_values = type(first.const_values)(values)
+
+
+def _number_range(tx, graph, graph_index: int, value):
+    """The range of a number a speculated branch returns: its own for a constant, the
+    shape env's for a ``SymInt`` made into the tensor at ``graph_index``, else None."""
+    if isinstance(value, int):
+        return value, value
+    (outputs,) = graph.find_nodes(op="output")[0].args
+    made_from = outputs[graph_index].args[:1]
+    if not made_from or not isinstance(made_from[0], torch.fx.Node):
+        return None
+    example = made_from[0].meta.get("example_value")
+    if not isinstance(example, torch.SymInt):
+        return None
+    bound = tx.output.shape_env.bound_sympy(example.node.expr)
+    return bound.lower, bound.upper
 
 
 def _example_outputs(graph) -> list:

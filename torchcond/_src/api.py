@@ -30,6 +30,7 @@ from .forms import (
     switch_labels,
 )
 from .ops import call, cond_op, form_of, switch_op
+from .numbers import restored_under_dynamo
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
 from .strategies import Strategy
 
@@ -272,7 +273,8 @@ def _operator_under_dynamo(op, selector, labelled_branches, operands, leaves_onl
         flat, spec = pytree.tree_flatten(operands)
         operands = tuple(flat)
     branches = [speculated(fn, label, spec, leaves_only) for fn, label in labelled_branches]
-    return op(selector, *branches, operands, **kw)
+    out = op(selector, *branches, operands, **kw)
+    return out if leaves_only else restored_under_dynamo(out)
 
 
 def _slow(form: Form, selector, branches, operands, strategy="auto", check_branches=False):

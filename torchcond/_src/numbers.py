@@ -12,9 +12,12 @@ as in JAX.
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from .. import _compat
+from .._compat import pytree
 from ..errors import BranchMismatchError, UnsupportedCondError
 
 NUMBER_TYPES = (bool, int, float, torch.SymBool, torch.SymInt, torch.SymFloat)
@@ -88,7 +91,8 @@ def restored(out: torch.Tensor, values: list, n_branches: int, path: str, select
     number = out.item()
     if isinstance(number, torch.SymInt):
         ranges = [_compat.sym_range(shape_env, v) for v in values]
-        _compat.check_in_range(number, min(r[0] for r in ranges), max(r[1] for r in ranges))
+        lower = _compat.finite_bound(min(r[0] for r in ranges))
+        _compat.check_in_range(number, lower, _compat.finite_bound(max(r[1] for r in ranges)))
     return number
 
 
@@ -100,3 +104,82 @@ def _all_same(values) -> bool:
     if isinstance(first, torch.SymInt):
         return all(isinstance(v, torch.SymInt) and _compat.same_size(v, first) for v in values)
     return False
+
+
+# --- under dynamo -----------------------------------------------------------------------
+#
+# Dynamo speculates each branch and rebuilds the node's output itself, so the Python
+# values the branches returned reach the code after the call only through the
+# output's structure: a number leaf becomes a ``Carried`` node whose children are
+# the 0-d tensor (a graph output) and the number itself, or ``SYMBOLIC`` (dynamo
+# keeps constants out of the graph and puts the first branch's back). The dynamo
+# hook (``_compat/dynamo.py``) replaces that constant with what every branch
+# returned there (``dynamo_info``), and ``restored_under_dynamo`` reads it.
+
+SYMBOLIC = "symbolic"
+
+
+# A number leaf under dynamo: its 0-d tensor and its value, one named tuple per kind
+# (a kind the branches disagree on is a structure they disagree on). Named tuples,
+# as dynamo drops what a branch stored on an instance of a class of its own.
+CarriedBool = collections.namedtuple("CarriedBool", ["tensor", "value"])
+CarriedInt = collections.namedtuple("CarriedInt", ["tensor", "value"])
+CarriedFloat = collections.namedtuple("CarriedFloat", ["tensor", "value"])
+_CARRIED = {"bool": CarriedBool, "int": CarriedInt, "float": CarriedFloat}
+Carried = (CarriedBool, CarriedInt, CarriedFloat)
+
+
+def carried_under_dynamo(leaf, label: str):
+    """``leaf`` as the branch returns it under dynamo: a ``Carried`` for a number."""
+    if not isinstance(leaf, NUMBER_TYPES):
+        return leaf
+    value = leaf if type(leaf) in (bool, int, float) else SYMBOLIC
+    return _CARRIED[kind(leaf)](carried(leaf, "a number", label), value)
+
+
+def dynamo_info(values: list, ranges: list) -> tuple:
+    """What ``restored_under_dynamo`` needs of one number leaf, from each branch's
+    value there (``SYMBOLIC`` for a symbol) and range (None where unknown)."""
+    if _all_same(values):
+        return ("same", values[0])
+    if all(isinstance(v, int) and not isinstance(v, bool) or v == SYMBOLIC for v in values):
+        if any(r is None for r in ranges):
+            return ("symbol", None, None)
+        lower = _compat.finite_bound(min(r[0] for r in ranges))
+        return ("symbol", lower, _compat.finite_bound(max(r[1] for r in ranges)))
+    return ("symbol", None, None)
+
+
+def restored_under_dynamo(out):
+    """``out`` (the conditional's output under dynamo) with each ``Carried`` leaf
+    restored from the information the dynamo hook left in it."""
+    return pytree.tree_map(
+        lambda leaf: _restored_carried(leaf) if isinstance(leaf, Carried) else leaf,
+        out,
+        is_leaf=lambda leaf: isinstance(leaf, Carried),
+    )
+
+
+def _restored_carried(carried_leaf):
+    info = carried_leaf.value
+    if info[0] == "same":
+        return info[1]
+    number = _compat.local_scalar(carried_leaf.tensor)
+    if type(carried_leaf) is CarriedInt:
+        _compat.check_in_range(number, info[1], info[2])
+    return number
+
+
+def value_positions(spec) -> dict[int, int]:
+    """For each ``Carried`` in an output of structure ``spec``: the flat position of
+    its value, mapped to that of its tensor."""
+    if spec is None:
+        return {}
+    tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    found: dict[int, int] = {}
+    pytree.tree_map(
+        lambda leaf: found.__setitem__(leaf.value, leaf.tensor) if isinstance(leaf, Carried) else None,
+        tree,
+        is_leaf=lambda leaf: isinstance(leaf, Carried),
+    )
+    return found

@@ -231,7 +231,13 @@ def speculated(
             operands = pytree.tree_unflatten(list(operands), in_spec)
         out = fn(*operands)
         if leaves_only:
-            return tuple(pytree.tree_leaves(out))
+            leaves = pytree.tree_leaves(out)
+            return tuple(
+                numbers.carried(leaf, "a number", label)
+                if isinstance(leaf, numbers.NUMBER_TYPES)
+                else leaf
+                for leaf in leaves
+            )
         kind = _object_in(out)
         if kind is not None:
             raise_at_compile_time(
@@ -241,7 +247,7 @@ def speculated(
                 f"return one from a conditional's branch). Return the {kind}'s tensors "
                 "and build it after the call",
             )
-        return out
+        return pytree.tree_map(lambda leaf: numbers.carried_under_dynamo(leaf, label), out)
 
     return run
 
