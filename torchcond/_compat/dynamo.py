@@ -311,6 +311,7 @@ def _conditional_variable_class(
                 raise
             tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
             numbers = number_rules.value_positions(_python_treespec(ret_spec))
+            ret_val = _symbols_out_of_graph(graph, ret_val, ret_spec, numbers, variables())
             if not hop.only_consist_of(
                 ret_val, (variables().TensorVariable, variables().ConstantVariable)
             ) or any(
@@ -688,42 +689,42 @@ def _user_frames_only(stack_trace: str) -> str:
 def _number_values(tx, speculated, number_rules) -> None:
     """Where each number a branch returns goes back into the output (the first
     branch's constants, which dynamo puts back), what every branch returned there
-    (``number_rules.dynamo_info``).
-
-    A ``SymInt`` a branch returns is a graph output made into a 0-d tensor: its range,
-    read from the node that made the tensor, is the shape env's.
-    """
+    (``number_rules.dynamo_info``)."""
     first = speculated[0][1]
     numbers = number_rules.value_positions(_python_treespec(first))
     if not numbers:
         return
-    masks = first.masks_to_filter_const_values
     values = list(first.const_values)
-    for value_at, tensor_at in numbers.items():
-        graph_index = sum(1 for m in masks[:tensor_at] if not m)
+    for value_at in numbers:
         per_branch = [spec.const_values[value_at] for _, spec, *_ in speculated]
-        ranges = [
-            _number_range(tx, graph, graph_index, v)
-            for v, (_, _, graph, _, _) in zip(per_branch, speculated)
-        ]
-        values[value_at] = number_rules.dynamo_info(per_branch, ranges)
+        values[value_at] = number_rules.dynamo_info(per_branch, tx.output.shape_env)
     first.const_values = type(first.const_values)(values)
 
 
-def _number_range(tx, graph, graph_index: int, value):
-    """The range of a number a speculated branch returns: its own for a constant, the
-    shape env's for a ``SymInt`` made into the tensor at ``graph_index``, else None."""
-    if isinstance(value, int):
-        return value, value
-    (outputs,) = graph.find_nodes(op="output")[0].args
-    made_from = outputs[graph_index].args[:1]
-    if not made_from or not isinstance(made_from[0], torch.fx.Node):
-        return None
-    example = made_from[0].meta.get("example_value")
-    if not isinstance(example, torch.SymInt):
-        return None
-    bound = tx.output.shape_env.bound_sympy(example.node.expr)
-    return bound.lower, bound.upper
+def _symbols_out_of_graph(graph, ret_val, ret_spec, numbers: dict, variables):
+    """``ret_val`` and ``ret_spec`` with each symbol a branch returns as a number
+    (``numbers``: the value positions) taken out of the graph's outputs and kept as a
+    constant, its example value, as dynamo keeps a Python number: the 0-d tensor
+    beside it is what the conditional returns."""
+    masks = list(ret_spec.masks_to_filter_const_values or ())
+    if not any(not masks[k] for k in numbers):
+        return ret_val
+    consts = list(ret_spec.const_values)
+    output = graph.find_nodes(op="output")[0]
+    (outputs,) = output.args
+    graph_at = [i for i, (m) in enumerate(masks) if not m]  # flat position per graph output
+    dropped = set()
+    for k in numbers:
+        if not masks[k]:
+            index = graph_at.index(k)
+            consts[k] = outputs[index].meta["example_value"]
+            masks[k] = True
+            dropped.add(index)
+    output.args = (tuple(n for i, n in enumerate(outputs) if i not in dropped),)
+    ret_spec.masks_to_filter_const_values = type(ret_spec.masks_to_filter_const_values)(masks)
+    ret_spec.const_values = type(ret_spec.const_values)(consts)
+    items = [vt for i, vt in enumerate(ret_val.items) if i not in dropped]
+    return variables.TupleVariable(items)
 
 
 def _example_outputs(graph) -> list:

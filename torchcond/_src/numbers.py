@@ -110,13 +110,13 @@ def _all_same(values) -> bool:
 #
 # Dynamo speculates each branch and rebuilds the node's output itself, so the Python
 # values the branches returned reach the code after the call only through the
-# output's structure: a number leaf becomes a ``Carried`` node whose children are
-# the 0-d tensor (a graph output) and the number itself, or ``SYMBOLIC`` (dynamo
-# keeps constants out of the graph and puts the first branch's back). The dynamo
-# hook (``_compat/dynamo.py``) replaces that constant with what every branch
-# returned there (``dynamo_info``), and ``restored_under_dynamo`` reads it.
+# output's structure: a number leaf becomes a ``Carried*`` named tuple of the 0-d
+# tensor (a graph output) and the number itself (a constant, which dynamo keeps out
+# of the graph and puts the first branch's back; the dynamo hook takes a symbol out
+# of the graph too). The hook (``_compat/dynamo.py``) replaces that constant with
+# what every branch returned there (``dynamo_info``), and ``restored_under_dynamo``
+# reads it.
 
-SYMBOLIC = "symbolic"
 
 
 # A number leaf under dynamo: its 0-d tensor and its value, one named tuple per kind
@@ -133,21 +133,21 @@ def carried_under_dynamo(leaf, label: str):
     """``leaf`` as the branch returns it under dynamo: a ``Carried`` for a number."""
     if not isinstance(leaf, NUMBER_TYPES):
         return leaf
-    value = leaf if type(leaf) in (bool, int, float) else SYMBOLIC
-    return _CARRIED[kind(leaf)](carried(leaf, "a number", label), value)
+    # Dynamo sees a SymInt as an int: the named tuple's kind is the Python type's.
+    return _CARRIED[_KINDS[type(leaf)]](carried(leaf, "a number", label), leaf)
 
 
-def dynamo_info(values: list, ranges: list) -> tuple:
+def dynamo_info(values: list, shape_env) -> tuple:
     """What ``restored_under_dynamo`` needs of one number leaf, from each branch's
-    value there (``SYMBOLIC`` for a symbol) and range (None where unknown)."""
-    if _all_same(values):
+    value there: ``("same", constant)``, or ``("symbol", lower, upper)`` (bounds of
+    an int, None where unbounded)."""
+    if type(values[0]) in (bool, int, float) and _all_same(values):
         return ("same", values[0])
-    if all(isinstance(v, int) and not isinstance(v, bool) or v == SYMBOLIC for v in values):
-        if any(r is None for r in ranges):
-            return ("symbol", None, None)
-        lower = _compat.finite_bound(min(r[0] for r in ranges))
-        return ("symbol", lower, _compat.finite_bound(max(r[1] for r in ranges)))
-    return ("symbol", None, None)
+    if not all(type(v) in (int, torch.SymInt) for v in values):
+        return ("symbol", None, None)
+    ranges = [_compat.sym_range(shape_env, v) for v in values]
+    lower = _compat.finite_bound(min(r[0] for r in ranges))
+    return ("symbol", lower, _compat.finite_bound(max(r[1] for r in ranges)))
 
 
 def restored_under_dynamo(out):
