@@ -242,6 +242,12 @@ def _conditional_variable_class(
                     not same.as_python_constant()
                     or spec.masks_to_filter_const_values != first_nones
                 ):
+                    try:  # a number against a tensor or another kind of number
+                        number_rules.check_kinds_in_specs(
+                            names, [_python_treespec(speculated[0][1]), _python_treespec(spec)]
+                        )
+                    except CondError as error:
+                        raise compile_time_error(type(error), str(error)) from None
                     refuse(
                         "branches return different pytree structures", (first_spec, spec.treespec)
                     )

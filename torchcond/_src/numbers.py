@@ -127,6 +127,7 @@ CarriedInt = collections.namedtuple("CarriedInt", ["tensor", "value"])
 CarriedFloat = collections.namedtuple("CarriedFloat", ["tensor", "value"])
 _CARRIED = {"bool": CarriedBool, "int": CarriedInt, "float": CarriedFloat}
 Carried = (CarriedBool, CarriedInt, CarriedFloat)
+_CARRIED_KINDS = {carried_type: name for name, carried_type in _CARRIED.items()}
 
 
 def carried_under_dynamo(leaf, label: str):
@@ -183,3 +184,25 @@ def value_positions(spec) -> dict[int, int]:
         is_leaf=lambda leaf: isinstance(leaf, Carried),
     )
     return found
+
+
+def check_kinds_in_specs(labels, specs) -> None:
+    """Under dynamo, where the branches' output structures differ: raise
+    ``BranchMismatchError`` if they differ only in the kind of a leaf (a ``Carried*``
+    against a tensor or another kind)."""
+    if any(spec is None for spec in specs):
+        return
+    kinds, structures, paths = [], [], []
+    for spec in specs:
+        tree = pytree.tree_unflatten([None] * spec.num_leaves, spec)
+        tree = pytree.tree_map(
+            lambda leaf: _CARRIED_KINDS.get(type(leaf), "Tensor"),
+            tree,
+            is_leaf=lambda leaf: isinstance(leaf, Carried),
+        )
+        with_paths, structure = pytree.tree_flatten_with_path(tree)
+        kinds.append([leaf for _, leaf in with_paths])
+        structures.append(structure)
+        paths = ["output" + pytree.keystr(path) for path, _ in with_paths]
+    if all(s == structures[0] for s in structures[1:]):
+        check_same_kinds(labels, kinds, paths)
