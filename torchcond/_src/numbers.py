@@ -29,7 +29,9 @@ _KINDS = {
     torch.SymInt: "int",
     torch.SymFloat: "float",
 }
-_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64}
+# A bool crosses as an int64 0 or 1: Inductor's post-grad passes (torch 2.13) fail
+# comparing the unbacked SymBool an item() of a bool tensor makes.
+_DTYPES = {"bool": torch.int64, "int": torch.int64, "float": torch.float64}
 
 
 def kind(leaf) -> str:
@@ -74,10 +76,12 @@ def restored(out: torch.Tensor, values: list, n_branches: int, path: str, select
     it, ``values`` what the branches that ran returned there."""
     if len(values) == n_branches and _all_same(values):
         return values[0]
+    is_bool = kind(values[0]) == "bool"
     if selected or _compat.is_vmapped(out):
-        return out
+        return out != 0 if is_bool else out
     if not _compat.tracing_active() and _compat.is_real_tensor(out):
-        return out.item()  # eagerly, the taken branch's value
+        number = out.item()  # eagerly, the taken branch's value
+        return bool(number) if is_bool else number
     mode = _compat.fake_mode_of([out])
     shape_env = None if mode is None else mode.shape_env
     if shape_env is None:
@@ -89,6 +93,9 @@ def restored(out: torch.Tensor, values: list, n_branches: int, path: str, select
             "torch.export) or return a tensor"
         )
     number = out.item()
+    if is_bool:
+        _compat.check_in_range(number, 0, 1)
+        return number == 1
     if isinstance(number, torch.SymInt):
         ranges = [_compat.sym_range(shape_env, v) for v in values]
         lower = _compat.finite_bound(min(r[0] for r in ranges))
@@ -166,6 +173,9 @@ def _restored_carried(carried_leaf):
     if info[0] == "same":
         return info[1]
     number = _compat.local_scalar(carried_leaf.tensor)
+    if type(carried_leaf) is CarriedBool:
+        _compat.check_in_range(number, 0, 1)
+        return number == 1
     if type(carried_leaf) is CarriedInt:
         _compat.check_in_range(number, info[1], info[2])
     return number
