@@ -326,3 +326,73 @@ def test_select_strategy_number_is_a_0d_tensor():
         assert isinstance(got, torch.Tensor) and got.dim() == 0 and int(got) == want
         same = torchcond.cond(pred, lambda: 3, lambda: 3, (), strategy="select")
         assert same == 3 and type(same) is int
+
+
+# --- deployment: lower_to_select, ONNX, AOTInductor --------------------------------------
+
+
+class Deployed(torch.nn.Module):
+    def forward(self, x):
+        n = torchcond.cond(x.sum() > 0, lambda: 0, lambda: 2, ())
+        scale = torchcond.cond(x.sum() > 0, lambda: 1.5, lambda: 3.0, ())
+        return x.select(0, n) * scale
+
+
+def deployed_inputs():
+    x = torch.arange(1.0, 7.0).reshape(3, 2)
+    return [x, -x]
+
+
+def test_lower_to_select():
+    from torchcond.passes import lower_to_select
+
+    ep = torch.export.export(Deployed(), (deployed_inputs()[0],))
+    lowered = lower_to_select(ep)
+    for x in deployed_inputs():
+        assert torch.equal(lowered.module()(x), Deployed()(x))
+
+
+def test_onnx():
+    onnxruntime = pytest.importorskip("onnxruntime")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning, UserWarning))
+        program = torch.onnx.export(Deployed().eval(), (deployed_inputs()[0],), dynamo=True)
+    session = onnxruntime.InferenceSession(
+        program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    name = session.get_inputs()[0].name
+    for x in deployed_inputs():
+        (got,) = session.run(None, {name: x.numpy()})
+        assert torch.equal(torch.from_numpy(got), Deployed()(x))
+
+
+def test_aoti(tmp_path):
+    ep = torch.export.export(Deployed(), (deployed_inputs()[0],))
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
+    loaded = torch._inductor.aoti_load_package(path)
+    for x in deployed_inputs():
+        assert torch.equal(loaded(x), Deployed()(x))
+
+
+def test_symbolic_bool_and_float_from_sizes():
+    def fn(c):
+        def f(x):
+            flag, half = c(
+                x.sum() > 0,
+                lambda x: (x.shape[0] > 3, x.shape[0] / 2),
+                lambda x: (False, 1.0),
+                (x,),
+            )
+            return x * half + torch.scalar_tensor(flag, dtype=torch.float32)
+
+        return f
+
+    shapes = ({0: torch.export.Dim("batch")},)
+    for strict in (False, True):
+        ep = torch.export.export(
+            Module(fn(torchcond.cond)), (torch.ones(5, 2),), strict=strict, dynamic_shapes=shapes
+        )
+        for x in (torch.ones(5, 2), -torch.ones(5, 2), torch.ones(3, 2), torch.ones(7, 2)):
+            assert torch.equal(ep.module()(x), fn(python_cond)(x))

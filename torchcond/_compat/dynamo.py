@@ -701,10 +701,27 @@ def _number_values(tx, speculated, number_rules) -> None:
     if not numbers:
         return
     values = list(first.const_values)
-    for value_at in numbers:
-        per_branch = [spec.const_values[value_at] for _, spec, *_ in speculated]
+    for value_at, tensor_at in numbers.items():
+        per_branch = [
+            _made_of(graph, spec, value_at, tensor_at) for _, spec, graph, _, _ in speculated
+        ]
         values[value_at] = number_rules.dynamo_info(per_branch, tx.output.shape_env)
     first.const_values = type(first.const_values)(values)
+
+
+def _made_of(graph, spec, value_at: int, tensor_at: int):
+    """A number a branch returns: its constant, or else (a float, which dynamo will
+    not let a branch return) the constant or the symbol the graph made its 0-d
+    tensor of (``torch.scalar_tensor(value)``, from ``numbers.carried``)."""
+    value = spec.const_values[value_at]
+    if value is not None:
+        return value
+    (outputs,) = graph.find_nodes(op="output")[0].args
+    graph_index = sum(1 for m in spec.masks_to_filter_const_values[:tensor_at] if not m)
+    made_from = outputs[graph_index].args[0]
+    if isinstance(made_from, torch.fx.Node):
+        return made_from.meta.get("example_value")
+    return made_from
 
 
 def _symbols_out_of_graph(graph, ret_val, ret_spec, numbers: dict, variables):

@@ -141,8 +141,12 @@ def carried_under_dynamo(leaf, label: str):
     """``leaf`` as the branch returns it under dynamo: a ``Carried`` for a number."""
     if not isinstance(leaf, NUMBER_TYPES):
         return leaf
-    # Dynamo sees a SymInt as an int: the named tuple's kind is the Python type's.
-    return _CARRIED[_KINDS[type(leaf)]](carried(leaf, "a number", label), leaf)
+    # Dynamo sees a SymInt as an int: the named tuple's kind is the Python type's. It
+    # refuses a SymFloat among a branch's outputs, so a float's value is None: the
+    # hook reads it from the graph, where the tensor is made of it.
+    kind_name = _KINDS[type(leaf)]
+    value = None if kind_name == "float" else leaf
+    return _CARRIED[kind_name](carried(leaf, "a number", label), value)
 
 
 def dynamo_info(values: list, shape_env) -> tuple:
@@ -151,7 +155,7 @@ def dynamo_info(values: list, shape_env) -> tuple:
     an int, None where unbounded)."""
     if type(values[0]) in (bool, int, float) and _all_same(values):
         return ("same", values[0])
-    if not all(type(v) in (int, torch.SymInt) for v in values):
+    if not all(type(v) in (int, torch.SymInt) for v in values):  # a float, a bool
         return ("symbol", None, None)
     ranges = [_compat.sym_range(shape_env, v) for v in values]
     lower = _compat.finite_bound(min(r[0] for r in ranges))
