@@ -35,9 +35,7 @@ def narrow_program(c):
 
 def mixed_program(c):
     def f(x):
-        y, n, flag = c(
-            x.sum() > 0, lambda x: (x * 2, 3, True), lambda x: (x - 1, 5, False), (x,)
-        )
+        y, n, flag = c(x.sum() > 0, lambda x: (x * 2, 3, True), lambda x: (x - 1, 5, False), (x,))
         return y * n, torch.scalar_tensor(flag, dtype=torch.bool)
 
     return f
@@ -60,7 +58,9 @@ def same_program(c):
 
 
 def switch_program(s):
-    return lambda x: x.select(0, s(x.sum().long().clamp(0, 2), [lambda: 0, lambda: 2, lambda: 1], ()))
+    return lambda x: x.select(
+        0, s(x.sum().long().clamp(0, 2), [lambda: 0, lambda: 2, lambda: 1], ())
+    )
 
 
 def python_cond(pred, true_fn, false_fn, operands):

@@ -292,7 +292,7 @@ def finite_bound(bound) -> int | None:
     return int(bound)
 
 
-def check_in_range(value: torch.SymInt, lower: int | None, upper: int | None) -> None:
+def check_in_range(value: torch.SymInt | int | float, lower: int | None, upper: int | None) -> None:
     """``lower <= value <= upper`` (None: unbounded) for the shape env, and at run time
     where the trace records its assertions. ``torch._check`` exists on 2.11-2.15."""
     if lower is not None:

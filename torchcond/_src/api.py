@@ -29,8 +29,8 @@ from .forms import (
     readable_on_host,
     switch_labels,
 )
-from .ops import call, cond_op, form_of, switch_op
 from .numbers import restored_under_dynamo
+from .ops import call, cond_op, form_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
 from .strategies import Strategy
 

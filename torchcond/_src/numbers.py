@@ -125,7 +125,6 @@ def _all_same(values) -> bool:
 # reads it.
 
 
-
 # A number leaf under dynamo: its 0-d tensor and its value, one named tuple per kind
 # (a kind the branches disagree on is a structure they disagree on). Named tuples,
 # as dynamo drops what a branch stored on an instance of a class of its own.
@@ -193,7 +192,9 @@ def value_positions(spec) -> dict[int, int]:
     tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
     found: dict[int, int] = {}
     pytree.tree_map(
-        lambda leaf: found.__setitem__(leaf.value, leaf.tensor) if isinstance(leaf, Carried) else None,
+        lambda leaf: (
+            found.__setitem__(leaf.value, leaf.tensor) if isinstance(leaf, Carried) else None
+        ),
         tree,
         is_leaf=lambda leaf: isinstance(leaf, Carried),
     )

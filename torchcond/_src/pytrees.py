@@ -71,7 +71,6 @@ pytree.register_pytree_node(_NoOutput, lambda _: ([], None), lambda _values, _co
 _NO_OUTPUT = _NoOutput()
 
 
-_Tensor = torch.Tensor
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _plain_tensors = _C.plain_tensors
 # The structures branches return most: one tensor, a tuple or list of tensors. Made
@@ -206,7 +205,8 @@ class FlatBranch:
         if self.outputs.numbers:
             paths = leaf_paths(spec, len(flat))
             flat = [
-                leaf if type(leaf) is _Tensor or isinstance(leaf, torch.Tensor)
+                leaf
+                if isinstance(leaf, torch.Tensor)
                 else numbers.carried(leaf, paths[j], self.label)
                 for j, leaf in enumerate(flat)
             ]
