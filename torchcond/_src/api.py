@@ -353,6 +353,7 @@ def _call_operator(op, selector, labelled_branches, operands):
         labelled_branches,
         operands,
         lambda branches, flat, labels: call(form, selector, branches, flat),
+        selector=selector,
     )
 
 
@@ -383,7 +384,11 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
                 form.op, selector, labelled_branches, operands, leaves_only=True, may_write=False
             )
     return run_flat(
-        labelled_branches, operands, strategies.runner(form, selector, strategy), selected=True
+        labelled_branches,
+        operands,
+        strategies.runner(form, selector, strategy),
+        selected=True,
+        selector=selector,
     )
 
 

@@ -43,10 +43,11 @@ def kind(leaf) -> str:
     return found if found is not None else type(leaf).__name__
 
 
-def carried(value, path: str, label: str) -> torch.Tensor:
-    """``value`` as the 0-d tensor the operator returns in its place."""
+def carried(value, path: str, label: str, device: torch.device | None = None) -> torch.Tensor:
+    """``value`` as the 0-d tensor the operator returns in its place, on ``device``
+    (the selector's: a select takes every value on one device), else the CPU."""
     try:
-        return torch.scalar_tensor(value, dtype=_DTYPES[kind(value)])
+        return torch.scalar_tensor(value, dtype=_DTYPES[kind(value)], device=device)
     except RuntimeError as error:  # an int beyond int64
         raise UnsupportedCondError(
             f"{label} output: {path} is the int {value!r}, which does not fit in int64, "

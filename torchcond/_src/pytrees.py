@@ -138,7 +138,9 @@ class Outputs:
     the operator has returned, and ``numbers`` to restore the number leaves.
     """
 
-    def __init__(self):
+    def __init__(self, number_device: torch.device | None = None):
+        # Where a number crosses the operator as a 0-d tensor (numbers.carried).
+        self.number_device = number_device
         # The first branch's (label, structure, leaf kinds), in a list: dynamo on
         # torch 2.13 loses an attribute set after it traces a higher-order operator (a
         # branch holding a conditional) on an object whose __init__ set that attribute.
@@ -207,7 +209,7 @@ class FlatBranch:
             flat = [
                 leaf
                 if isinstance(leaf, torch.Tensor)
-                else numbers.carried(leaf, paths[j], self.label)
+                else numbers.carried(leaf, paths[j], self.label, self.outputs.number_device)
                 for j, leaf in enumerate(flat)
             ]
         return tuple(flat)
@@ -271,9 +273,12 @@ def _object_in(tree) -> str | None:
     return None
 
 
-def run_flat(labelled_branches, operands, run: Callable, selected: bool = False) -> object:
+def run_flat(
+    labelled_branches, operands, run: Callable, selected: bool = False, selector=None
+) -> object:
     """``run(flat_branches, flat_operands, labels)``, with the user's output pytree rebuilt.
-    ``selected``: every branch runs and a select picks (numbers stay 0-d tensors).
+    ``selected``: every branch runs and a select picks (numbers stay 0-d tensors);
+    a number crosses on a tensor ``selector``'s device.
 
     A ``CondError`` raised below about a flat output or operand comes out naming it
     as the user wrote it (``output[1]['h']``, ``operands[0]['k']``).
@@ -284,7 +289,7 @@ def run_flat(labelled_branches, operands, run: Callable, selected: bool = False)
     else:
         flat, in_spec = pytree.tree_flatten(operands)
         flat_operands = tuple(flat)
-    outputs = Outputs()
+    outputs = Outputs(selector.device if isinstance(selector, torch.Tensor) else None)
     labels = [label for _, label in labelled_branches]
     branches = [FlatBranch(fn, in_spec, label, outputs) for fn, label in labelled_branches]
     try:
