@@ -396,3 +396,29 @@ def test_symbolic_bool_and_float_from_sizes():
         )
         for x in (torch.ones(5, 2), -torch.ones(5, 2), torch.ones(3, 2), torch.ones(7, 2)):
             assert torch.equal(ep.module()(x), fn(python_cond)(x))
+
+
+def test_modes_that_trace_nothing_see_a_python_if():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.ones(3)
+    for make_mode in (PassThrough, lambda: FlopCounterMode(display=False)):
+        for sign, want in ((1, 1), (-1, 2)):
+            with make_mode():
+                _, n = torchcond.cond(
+                    (sign * x).sum() > 0, lambda x: (x, 1), lambda x: (x, 2), (x,)
+                )
+            assert type(n) is int and n == want
+
+
+def test_meta_tensors_keep_an_agreed_number_and_refuse_a_differing_one():
+    m = torch.empty(3, device="meta")
+    pred = torch.empty((), dtype=torch.bool, device="meta")
+    assert torchcond.cond(pred, lambda x: (x, 1), lambda x: (x + 1, 1), (m,))[1] == 1
+    with pytest.raises(UnsupportedCondError, match=r"output\[1\]: branches return different"):
+        torchcond.cond(pred, lambda x: (x, 1), lambda x: (x, 2), (m,))

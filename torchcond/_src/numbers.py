@@ -80,17 +80,18 @@ def restored(out: torch.Tensor, values: list, n_branches: int, path: str, select
     is_bool = kind(values[0]) == "bool"
     if selected or _compat.is_vmapped(out):
         return out != 0 if is_bool else out
-    if not _compat.tracing_active() and _compat.is_real_tensor(out):
-        number = out.item()  # eagerly, the taken branch's value
+    if _compat.is_real_tensor(out) and _compat.active_fx_tracer() is None:
+        # Eagerly (a mode that traces nothing included), the taken branch's value.
+        number = out.item()
         return bool(number) if is_bool else number
     mode = _compat.fake_mode_of([out])
     shape_env = None if mode is None else mode.shape_env
     if shape_env is None:
         shown = ", ".join(repr(v) for v in values)
         raise UnsupportedCondError(
-            f"{path}: branches return different numbers ({shown}) while tracing without "
-            "symbolic shapes, which cannot carry a number that depends on the selector; "
-            "trace with symbolic shapes (make_fx(..., tracing_mode='symbolic'), "
+            f"{path}: branches return different numbers ({shown}) where there is no "
+            "shape environment for a symbol (tracing without symbolic shapes, or meta "
+            "tensors), so no number can depend on the selector; trace with symbolic shapes (make_fx(..., tracing_mode='symbolic'), "
             "torch.export) or return a tensor"
         )
     number = out.item()
