@@ -91,8 +91,8 @@ def restored(out: torch.Tensor, values: list, n_branches: int, path: str, select
         raise UnsupportedCondError(
             f"{path}: branches return different numbers ({shown}) where there is no "
             "shape environment for a symbol (tracing without symbolic shapes, or meta "
-            "tensors), so no number can depend on the selector; trace with symbolic shapes (make_fx(..., tracing_mode='symbolic'), "
-            "torch.export) or return a tensor"
+            "tensors), so no number can depend on the selector; trace with symbolic "
+            "shapes (make_fx(..., tracing_mode='symbolic'), torch.export) or return a tensor"
         )
     number = out.item()
     if is_bool:
