@@ -215,11 +215,28 @@ def test_real_mode_make_fx_checks_every_branch(other, message, taken):
 
 def test_branch_returning_a_non_tensor():
     def f(x):
-        return cond(x.sum() > 0, lambda x: (x, 3), lambda x: (x, 4), (x,))
+        return cond(x.sum() > 0, lambda x: (x, "a"), lambda x: (x, "b"), (x,))
 
     with pytest.raises(
         BranchMismatchError,
-        match=re.escape("true_fn output: every leaf must be a torch.Tensor; output[1] is int (3)"),
+        match=re.escape(
+            "true_fn output: every leaf must be a torch.Tensor or a number (int, bool, float "
+            "or their Sym kinds); output[1] is str ('a')"
+        ),
+    ):
+        trace(f, x)
+
+
+def test_branches_returning_different_kinds_of_numbers():
+    def f(x):
+        return cond(x.sum() > 0, lambda x: (x, {"k": True}), lambda x: (x, {"k": 1}), (x,))
+
+    with pytest.raises(
+        BranchMismatchError,
+        match=re.escape(
+            "output[1]['k']: branches must return the same kind of value; "
+            "true_fn returns a bool, false_fn returns an int"
+        ),
     ):
         trace(f, x)
 

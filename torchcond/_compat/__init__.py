@@ -282,6 +282,31 @@ def new_unbacked_size(shape_env, lower, upper) -> torch.SymInt:
     return size
 
 
+def finite_bound(bound) -> int | None:
+    """A range bound as an int; None for an infinite one (``int_oo``, whose sympy
+    ``is_finite`` is True). ``int_oo`` exists on 2.11-2.15."""
+    from torch.utils._sympy.numbers import int_oo
+
+    if bound == int_oo or bound == -int_oo:
+        return None
+    return int(bound)
+
+
+def check_in_range(value: torch.SymInt | int | float, lower: int | None, upper: int | None) -> None:
+    """``lower <= value <= upper`` (None: unbounded) for the shape env, and at run time
+    where the trace records its assertions. ``torch._check`` exists on 2.11-2.15."""
+    if lower is not None:
+        torch._check(value >= lower)
+    if upper is not None:
+        torch._check(value <= upper)
+
+
+def local_scalar(t: torch.Tensor):
+    """``t.item()`` as an operator dynamo records without ``capture_scalar_outputs``
+    (an unbacked symbol where ``t`` is traced); on 2.11-2.15."""
+    return torch.ops.aten._local_scalar_dense.default(t)
+
+
 def same_size(a, b, outside: frozenset = frozenset()) -> bool:
     """Statically equal sizes, with no guard: the same expression. A size made from
     data equals another only where its symbols are bound ``outside`` the branches

@@ -97,7 +97,7 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
     return both(message)
 
 
-def install(forms: dict, check_outputs, state_rules) -> None:
+def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
     ``forms`` maps each operator to ``(taken, labels)``: ``taken(constant_selector, n)
@@ -108,21 +108,24 @@ def install(forms: dict, check_outputs, state_rules) -> None:
     path, when the speculated branches' outputs cannot be one operator's outputs.
     ``state_rules`` (``_src/state.py``): what a branch may change outside itself, and
     the errors for what it may not (see ``_settle``).
+    ``number_rules`` (``_src/numbers.py``): a number a branch returns, which
+    ``pytrees.speculated`` makes a ``Carried`` (see ``_number_values``).
     """
-    when_imported(
-        _HOP_VARIABLES, lambda module: _register(module, forms, check_outputs, state_rules)
-    )
+    rules = (check_outputs, state_rules, number_rules)
+    when_imported(_HOP_VARIABLES, lambda module: _register(module, forms, *rules))
 
 
-def _register(hop, forms: dict, check_outputs, state_rules) -> None:
+def _register(hop, forms: dict, check_outputs, state_rules, number_rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
     for op, (taken, labels) in forms.items():
         registry[op.name()] = _conditional_variable_class(
-            hop, op.name(), taken, labels, check_outputs, state_rules
+            hop, op.name(), taken, labels, check_outputs, state_rules, number_rules
         )
 
 
-def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs, state_rules):
+def _conditional_variable_class(
+    hop, op_name: str, taken, labels, check_outputs, state_rules, number_rules
+):
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
     Every branch is speculated into a subgraph; the subgraphs get the union of all
@@ -223,9 +226,16 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
                     not same.as_python_constant()
                     or spec.masks_to_filter_const_values != first_nones
                 ):
+                    try:  # a number against a tensor or another kind of number
+                        number_rules.check_kinds_in_specs(
+                            names, [_python_treespec(speculated[0][1]), _python_treespec(spec)]
+                        )
+                    except CondError as error:
+                        raise compile_time_error(type(error), str(error)) from None
                     refuse(
                         "branches return different pytree structures", (first_spec, spec.treespec)
                     )
+            _number_values(tx, speculated, number_rules)
             try:
                 check_outputs(
                     [_example_outputs(graph) for _, _, graph, _, _ in speculated],
@@ -297,10 +307,15 @@ def _conditional_variable_class(hop, op_name: str, taken, labels, check_outputs,
                 # wrappers, which a write to the tensor inside them leaves unchanged.
                 raise _select_write_error(name)
             tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
+            numbers = number_rules.value_positions(_python_treespec(ret_spec))
+            ret_val = _symbols_out_of_graph(graph, ret_val, ret_spec, numbers, variables())
             if not hop.only_consist_of(
                 ret_val, (variables().TensorVariable, variables().ConstantVariable)
-            ) or any(v is not None for v in ret_spec.const_values or ()):
-                refuse("branches must return pytrees of tensors", ret_val)
+            ) or any(
+                v is not None and k not in numbers
+                for k, v in enumerate(ret_spec.const_values or ())
+            ):
+                refuse("branches must return pytrees of tensors and numbers", ret_val)
             return ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules)
 
         @staticmethod
@@ -712,6 +727,64 @@ def _user_frames_only(stack_trace: str) -> str:
     frames = [stack_trace[a:b] for a, b in zip(starts, [*starts[1:], len(stack_trace)])]
     kept = [f for f in frames if not f[len('  File "') :].startswith(_PACKAGE_DIR)]
     return stack_trace[: starts[0]] + "".join(kept)
+
+
+def _number_values(tx, speculated, number_rules) -> None:
+    """Where each number a branch returns goes back into the output (the first
+    branch's constants, which dynamo puts back), what every branch returned there
+    (``number_rules.dynamo_info``)."""
+    first = speculated[0][1]
+    numbers = number_rules.value_positions(_python_treespec(first))
+    if not numbers:
+        return
+    values = list(first.const_values)
+    for value_at, tensor_at in numbers.items():
+        per_branch = [
+            _made_of(graph, spec, value_at, tensor_at) for _, spec, graph, _, _ in speculated
+        ]
+        values[value_at] = number_rules.dynamo_info(per_branch, tx.output.shape_env)
+    first.const_values = type(first.const_values)(values)
+
+
+def _made_of(graph, spec, value_at: int, tensor_at: int):
+    """A number a branch returns: its constant, or else (a float, which dynamo will
+    not let a branch return) the constant or the symbol the graph made its 0-d
+    tensor of (``torch.scalar_tensor(value)``, from ``numbers.carried``)."""
+    value = spec.const_values[value_at]
+    if value is not None:
+        return value
+    (outputs,) = graph.find_nodes(op="output")[0].args
+    graph_index = sum(1 for m in spec.masks_to_filter_const_values[:tensor_at] if not m)
+    made_from = outputs[graph_index].args[0]
+    if isinstance(made_from, torch.fx.Node):
+        return made_from.meta.get("example_value")
+    return made_from
+
+
+def _symbols_out_of_graph(graph, ret_val, ret_spec, numbers: dict, variables):
+    """``ret_val`` and ``ret_spec`` with each symbol a branch returns as a number
+    (``numbers``: the value positions) taken out of the graph's outputs and kept as a
+    constant, its example value, as dynamo keeps a Python number: the 0-d tensor
+    beside it is what the conditional returns."""
+    masks = list(ret_spec.masks_to_filter_const_values or ())
+    if not any(not masks[k] for k in numbers):
+        return ret_val
+    consts = list(ret_spec.const_values)
+    output = graph.find_nodes(op="output")[0]
+    (outputs,) = output.args
+    graph_at = [i for i, (m) in enumerate(masks) if not m]  # flat position per graph output
+    dropped = set()
+    for k in numbers:
+        if not masks[k]:
+            index = graph_at.index(k)
+            consts[k] = outputs[index].meta["example_value"]
+            masks[k] = True
+            dropped.add(index)
+    output.args = (tuple(n for i, n in enumerate(outputs) if i not in dropped),)
+    ret_spec.masks_to_filter_const_values = type(ret_spec.masks_to_filter_const_values)(masks)
+    ret_spec.const_values = type(ret_spec.const_values)(consts)
+    items = [vt for i, vt in enumerate(ret_val.items) if i not in dropped]
+    return variables.TupleVariable(items)
 
 
 def _example_outputs(graph) -> list:

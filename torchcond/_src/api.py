@@ -29,6 +29,7 @@ from .forms import (
     readable_on_host,
     switch_labels,
 )
+from .numbers import restored_under_dynamo
 from .ops import call, cond_op, form_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
 from .strategies import Strategy
@@ -272,7 +273,8 @@ def _operator_under_dynamo(op, selector, labelled_branches, operands, leaves_onl
         flat, spec = pytree.tree_flatten(operands)
         operands = tuple(flat)
     branches = [speculated(fn, label, spec, leaves_only) for fn, label in labelled_branches]
-    return op(selector, *branches, operands, **kw)
+    out = op(selector, *branches, operands, **kw)
+    return out if leaves_only else restored_under_dynamo(out)
 
 
 def _slow(form: Form, selector, branches, operands, strategy="auto", check_branches=False):
@@ -351,6 +353,7 @@ def _call_operator(op, selector, labelled_branches, operands):
         labelled_branches,
         operands,
         lambda branches, flat, labels: call(form, selector, branches, flat),
+        selector=selector,
     )
 
 
@@ -380,7 +383,13 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
             _operator_under_dynamo(
                 form.op, selector, labelled_branches, operands, leaves_only=True, may_write=False
             )
-    return run_flat(labelled_branches, operands, strategies.runner(form, selector, strategy))
+    return run_flat(
+        labelled_branches,
+        operands,
+        strategies.runner(form, selector, strategy),
+        selected=True,
+        selector=selector,
+    )
 
 
 def _warn_if_exporting(form: Form, value) -> None:

@@ -29,7 +29,7 @@ from .._compat import export as _compat_export
 from .._compat import inductor as _compat_inductor
 from .._compat import onnx as _compat_onnx
 from ..errors import CondArgumentError, CondError, UnsupportedCondError
-from . import distributed, state
+from . import distributed, numbers, state
 from .autograd import autograd_rule, functorch_rule, with_tangents
 from .batching import per_example, vmap_rule
 from .closures import trace_in_session
@@ -380,6 +380,7 @@ _compat_dynamo.install(
     {form.op: (form.constant_taken, form.labels) for form in _FORMS.values()},
     _check_named_outputs,
     state,
+    numbers,
 )
 _compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
 _compat_inductor.install(cond_op, switch_op, in_place)

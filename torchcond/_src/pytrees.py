@@ -2,7 +2,8 @@
 
 The operators see flat tuples of tensors only. ``api.py`` flattens the operands,
 wraps each branch in a ``FlatBranch`` and rebuilds the output from the ``Outputs``
-record those branches fill in as they run. Errors raised below it name flat positions
+record those branches fill in as they run. A number a branch returns crosses the
+operator as a 0-d tensor and is restored here (``numbers.py``). Errors raised below it name flat positions
 (``CondError.at``); this module names them from the user's pytrees.
 """
 
@@ -19,6 +20,7 @@ from .. import _C
 from .._compat import pytree
 from .._compat.dynamo import raise_at_compile_time
 from ..errors import BranchMismatchError, CondArgumentError, CondError, UnsupportedCondError
+from . import numbers
 from .state import run_branch
 
 
@@ -82,8 +84,8 @@ def _sequence_spec(kind: type, n: int) -> pytree.TreeSpec:
 
 
 def flatten_output(out, label: str) -> tuple[list, pytree.TreeSpec]:
-    """A branch's output as flat tensors and its structure (a ``None`` is no leaf);
-    ``label`` names the branch in an error."""
+    """A branch's output as flat tensors and numbers, and its structure (a ``None`` is
+    no leaf); ``label`` names the branch in an error."""
     if not _dynamo_compiling():  # dynamo would guard on these types, and trace no cache
         kind = type(out)
         if kind is _Tensor:
@@ -93,12 +95,13 @@ def flatten_output(out, label: str) -> tuple[list, pytree.TreeSpec]:
     flat, spec = pytree.tree_flatten(
         pytree.tree_map(lambda leaf: _NO_OUTPUT if leaf is None else leaf, out)
     )
-    if not all(isinstance(leaf, torch.Tensor) for leaf in flat):
+    if not all(isinstance(leaf, (torch.Tensor, *numbers.NUMBER_TYPES)) for leaf in flat):
         for path, leaf in zip(leaf_paths(spec, len(flat)), flat):
-            if not isinstance(leaf, torch.Tensor):
+            if not isinstance(leaf, (torch.Tensor, *numbers.NUMBER_TYPES)):
                 raise BranchMismatchError(
-                    f"{label} output: every leaf must be a torch.Tensor; "
-                    f"{path} is {type(leaf).__name__} ({leaf!r})"
+                    f"{label} output: every leaf must be a torch.Tensor or a number "
+                    f"(int, bool, float or their Sym kinds); {path} is "
+                    f"{type(leaf).__name__} ({leaf!r})"
                 )
     return flat, spec
 
@@ -130,27 +133,52 @@ class Outputs:
     """The output structure of one conditional call, as its branches return it.
 
     Every ``FlatBranch`` of the call records into the same ``Outputs``, which checks
-    that each branch returns the structure the first one did. The boundary reads
-    ``spec`` to rebuild the user's output once the operator has returned.
+    that each branch returns the structure and leaf kinds (tensor, int, bool, float)
+    the first one did. The boundary reads ``spec`` to rebuild the user's output once
+    the operator has returned, and ``numbers`` to restore the number leaves.
     """
 
-    def __init__(self):
-        # The first branch's (label, structure), in a list: dynamo on torch 2.13 loses
-        # an attribute set after it traces a higher-order operator (a branch holding a
-        # conditional) on an object whose __init__ set that attribute.
-        self._first: list[tuple[str, pytree.TreeSpec]] = []
+    def __init__(self, number_device: torch.device | None = None):
+        # Where a number crosses the operator as a 0-d tensor (numbers.carried).
+        self.number_device = number_device
+        # The first branch's (label, structure, leaf kinds), in a list: dynamo on
+        # torch 2.13 loses an attribute set after it traces a higher-order operator (a
+        # branch holding a conditional) on an object whose __init__ set that attribute.
+        self._first: list[tuple[str, pytree.TreeSpec, tuple[str, ...] | None]] = []
+        # Per number leaf's flat position, each branch's value there, by label.
+        self.numbers: dict[int, dict[str, object]] = {}
 
     @property
     def spec(self) -> pytree.TreeSpec | None:
         return self._first[0][1] if self._first else None
 
-    def record(self, label: str, spec: pytree.TreeSpec) -> None:
+    def record(self, label: str, spec: pytree.TreeSpec, flat: list) -> None:
+        kinds = None
+        if not all(type(leaf) is _Tensor for leaf in flat):
+            kinds = tuple(numbers.kind(leaf) for leaf in flat)
+            for j, leaf in enumerate(flat):
+                if kinds[j] != "Tensor":
+                    self.numbers.setdefault(j, {})[label] = leaf
         if not self._first:
-            self._first.append((label, spec))
+            self._first.append((label, spec, kinds))
             return
-        first_label, first_spec = self._first[0]
+        first_label, first_spec, first_kinds = self._first[0]
         if spec is not first_spec:
             check_same_structure([first_label, label], [first_spec, spec])
+        if kinds != first_kinds:
+            every = [first_kinds or ("Tensor",) * len(flat), kinds or ("Tensor",) * len(flat)]
+            paths = leaf_paths(spec, len(flat))
+            numbers.check_same_kinds([first_label, label], every, paths)
+
+    def restored(self, flat_out: Sequence, n_branches: int, selected: bool) -> list:
+        """The operator's flat outputs with each number leaf restored (``numbers.py``)."""
+        flat = list(flat_out)
+        if self.numbers:
+            paths = leaf_paths(self.spec, len(flat))
+            for j, by_label in self.numbers.items():
+                values = list(by_label.values())
+                flat[j] = numbers.restored(flat[j], values, n_branches, paths[j], selected)
+        return flat
 
 
 class FlatBranch:
@@ -175,7 +203,15 @@ class FlatBranch:
             raise_if_arity_error(error, self.fn, self.label, operands)
             raise
         flat, spec = flatten_output(out, self.label)
-        self.outputs.record(self.label, spec)
+        self.outputs.record(self.label, spec, flat)
+        if self.outputs.numbers:
+            paths = leaf_paths(spec, len(flat))
+            flat = [
+                leaf
+                if isinstance(leaf, torch.Tensor)
+                else numbers.carried(leaf, paths[j], self.label, self.outputs.number_device)
+                for j, leaf in enumerate(flat)
+            ]
         return tuple(flat)
 
 
@@ -197,7 +233,13 @@ def speculated(
             operands = pytree.tree_unflatten(list(operands), in_spec)
         out = fn(*operands)
         if leaves_only:
-            return tuple(pytree.tree_leaves(out))
+            leaves = pytree.tree_leaves(out)
+            return tuple(
+                numbers.carried(leaf, "a number", label)
+                if isinstance(leaf, numbers.NUMBER_TYPES)
+                else leaf
+                for leaf in leaves
+            )
         kind = _object_in(out)
         if kind is not None:
             raise_at_compile_time(
@@ -207,7 +249,7 @@ def speculated(
                 f"return one from a conditional's branch). Return the {kind}'s tensors "
                 "and build it after the call",
             )
-        return out
+        return pytree.tree_map(lambda leaf: numbers.carried_under_dynamo(leaf, label), out)
 
     return run
 
@@ -231,8 +273,12 @@ def _object_in(tree) -> str | None:
     return None
 
 
-def run_flat(labelled_branches, operands, run: Callable) -> object:
+def run_flat(
+    labelled_branches, operands, run: Callable, selected: bool = False, selector=None
+) -> object:
     """``run(flat_branches, flat_operands, labels)``, with the user's output pytree rebuilt.
+    ``selected``: every branch runs and a select picks (numbers stay 0-d tensors);
+    a number crosses on a tensor ``selector``'s device.
 
     A ``CondError`` raised below about a flat output or operand comes out naming it
     as the user wrote it (``output[1]['h']``, ``operands[0]['k']``).
@@ -243,7 +289,7 @@ def run_flat(labelled_branches, operands, run: Callable) -> object:
     else:
         flat, in_spec = pytree.tree_flatten(operands)
         flat_operands = tuple(flat)
-    outputs = Outputs()
+    outputs = Outputs(selector.device if isinstance(selector, torch.Tensor) else None)
     labels = [label for _, label in labelled_branches]
     branches = [FlatBranch(fn, in_spec, label, outputs) for fn, label in labelled_branches]
     try:
@@ -251,6 +297,11 @@ def run_flat(labelled_branches, operands, run: Callable) -> object:
     except CondError as error:
         raise_named(error, outputs.spec, in_spec, len(flat_operands))
     assert outputs.spec is not None, "run() returned without calling a branch"
+    if outputs.numbers:
+        try:
+            flat_out = outputs.restored(flat_out, len(branches), selected)
+        except CondError as error:
+            raise_named(error, outputs.spec, in_spec, len(flat_operands))
     return unflatten_output(flat_out, outputs.spec)
 
 
