@@ -1,9 +1,12 @@
 """vmap with per-example predicates, strategy="select", and CUDA graph capture."""
 
+import functools
+
 import pytest
 import torch
 from helpers import count_nodes
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from torchcond import cond, switch
 
@@ -761,9 +764,16 @@ def test_jacrev_of_a_branch_that_reads_a_size_made_from_data():
         return x * torch.ones(rows(x)).cos() if p else x * torch.ones(rows(x))
 
     x = torch.tensor(1.5)
-    traced = make_fx(lambda x, p: torch.func.jacrev(f)(x, p), tracing_mode="fake")(
-        x, torch.tensor(True)
-    )
+    trace = functools.partial(make_fx, tracing_mode="fake")
+    try:
+        trace(lambda x: torch.func.jacrev(f_if)(x, True))(x)
+    except GuardOnDataDependentSymNode:
+        # torch 2.11's jacrev reads the output's size as an int, so it traces this
+        # with no conditional either; torchcond fails the same way, not otherwise.
+        with pytest.raises(GuardOnDataDependentSymNode):
+            trace(lambda x, p: torch.func.jacrev(f)(x, p))(x, torch.tensor(True))
+        return
+    traced = trace(lambda x, p: torch.func.jacrev(f)(x, p))(x, torch.tensor(True))
     # Compiled, jacrev maps the derivative over a batch of that data-dependent size:
     # the branches' outputs share it, and merged they keep it (no fresh size, which
     # dynamo would then query on a batched value).
