@@ -1,11 +1,14 @@
 """Differentiation of cond/switch: eager (a Python `if`), torch.func, and traced graphs."""
 
+import functools
+
 import expecttest
 import pytest
 import torch
 from helpers import TimesThree, count_nodes, readable
 from torch.autograd import gradcheck, gradgradcheck
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 import torchcond
 import torchcond._src.autograd
@@ -792,7 +795,16 @@ def test_torch_func_in_make_fx_differentiates_what_a_branch_closes_over(mode, tr
     def with_cond(x, y):
         return closing_over(y)(x)
 
-    gm = make_fx(lambda x, y: apply(with_cond, x, y), tracing_mode=mode)(POS * 0.1, Y)
+    trace = functools.partial(make_fx, tracing_mode=mode)
+    try:
+        trace(lambda x, y: apply(lambda x, y: x * y, x, y))(POS * 0.1, Y)
+    except (RuntimeError, GuardOnDataDependentSymNode) as error:
+        # torch 2.11's hessian over two arguments reads sizes as ints while it traces,
+        # with no conditional too; torchcond fails the same way, not otherwise.
+        with pytest.raises(type(error)):
+            trace(lambda x, y: apply(with_cond, x, y))(POS * 0.1, Y)
+        return
+    gm = trace(lambda x, y: apply(with_cond, x, y))(POS * 0.1, Y)
     for x in (POS * 0.1, POS * 2):  # true branch, then false
         for y in (Y, Y * 3):
             torch.testing.assert_close(gm(x, y), apply(closing_over_if, x, y))
