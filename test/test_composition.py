@@ -34,6 +34,7 @@ import itertools
 import math
 import os
 import random
+import re
 from collections.abc import Callable
 
 import pytest
@@ -802,9 +803,22 @@ def as_torch_where_gives(case: Case, got: Outcome, calls) -> bool:
     return mismatch(got.results, here.results, calls) is None
 
 
+def _ours_as_text(error: Exception) -> CondError | None:
+    """A torchcond error that dynamo passed on as text only. torch 2.15 turns an
+    exception raised under a torch.func transform it traces (the transform's own
+    try/finally) into "Observed exception", keeping the original as its message."""
+    for e in _chain(error):
+        found = re.search(r"got (\w+)\((.*)\)", str(e), re.S)
+        kind = getattr(torchcond.errors, found.group(1), None) if found else None
+        if isinstance(kind, type) and issubclass(kind, CondError):
+            return kind(found.group(2))
+    return None
+
+
 def judge_error(case: Case, error: Exception) -> str | None:
     """None when the error is an acceptable outcome, else what is wrong with it."""
     ours = next((e for e in _chain(error) if isinstance(e, CondError)), None)
+    ours = ours if ours is not None else _ours_as_text(error)
     if ours is not None:
         blame = _misattribution(case, ours)
         return f"MISATTRIBUTED torchcond error: {blame}: {_short(ours)}" if blame else None
