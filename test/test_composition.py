@@ -82,7 +82,6 @@ class Conditional:
     how="fixed": branch `branch` alone, whatever the selector: what torch must be able
     to run for the case to be in scope.
     how="torch.cond": torch.cond (two branches only), for docs/composition.rst's table.
-    how="where": every branch, then torch.where: what strategy="select" stands for.
     """
 
     op: str
@@ -102,8 +101,6 @@ class Conditional:
                     selector, branches[0], branches[1], operands, strategy=self.strategy
                 )
             return torchcond.switch(selector, branches, operands, strategy=self.strategy)
-        if self.how == "where":
-            return self._by_hand(selector, branches, operands)
         if self.how == "torch.cond":
             return torch.cond(selector, branches[0], branches[1], tuple(operands))
         if self.how == "python_if":
@@ -114,27 +111,6 @@ class Conditional:
         else:
             k = min(self.branch, len(branches) - 1)
         return branches[k](*operands)
-
-    def _by_hand(self, selector, branches, operands):
-        """strategy="select" written with torch.where: each branch reads its operands
-        masked to the examples that take it (the "double where" that keeps an untaken
-        branch's NaN gradient out), then torch.where picks."""
-        k = selector if self.op == "cond" else selector.clamp(0, len(branches) - 1)
-        masks = [k, ~k] if self.op == "cond" else [k == i for i in range(len(branches))]
-
-        def masked(mask, o):
-            if isinstance(o, torch.Tensor) and o.is_floating_point():
-                return torch.where(mask, o, o.detach())
-            return o
-
-        outs = [
-            b(*pytree.tree_map(lambda o, m=m: masked(m, o), operands))
-            for m, b in zip(masks, branches)
-        ]
-        picked = outs[-1]
-        for m, out in zip(masks[-2::-1], outs[-2::-1]):
-            picked = pytree.tree_map(lambda a, b, m=m: torch.where(m, a, b), out, picked)
-        return picked
 
 
 # --- branch kinds: programs fun(c, x, y, s) -------------------------------------------------
@@ -785,24 +761,6 @@ def _misattribution(case: Case, error: CondError):
     return None
 
 
-def as_torch_where_gives(case: Case, got: Outcome, calls) -> bool:
-    """strategy="select" stands for every branch and then torch.where. Where torch
-    itself gives that program, written by hand, a value other than eagerly in this
-    context, torchcond may give torch's value: AOTAutograd loses the second-order
-    gradient of such programs without an error (torch 2.11-2.15), where each branch
-    alone raises."""
-    if case.strategy != "select":
-        return False
-    with _compile_config():
-        here = run_calls(lambda: build(case, "where"), calls)
-    eager = run_calls(lambda: build(case, "where", context="eager"), calls)
-    if here.error is not None or eager.error is not None:
-        return False
-    if not mismatch(here.results, eager.results, calls):
-        return False
-    return mismatch(got.results, here.results, calls) is None
-
-
 def _ours_as_text(error: Exception) -> CondError | None:
     """A torchcond error that dynamo passed on as text only. torch 2.15 turns an
     exception raised under a torch.func transform it traces (the transform's own
@@ -858,8 +816,7 @@ def check(case: Case):
     if got.error is not None:
         problems.append(judge_error(case, got.error))
     elif (diff := mismatch(got.results, expected, calls)) and "wrong" not in limit():
-        if not as_torch_where_gives(case, got, calls):
-            problems.append(f"WRONG VALUE: {diff}")
+        problems.append(f"WRONG VALUE: {diff}")
     elif case.names[0].startswith("autograd") and case.context != "eager":
         if diff := unused_gradients_differ(case, got.results, calls):
             problems.append(f"UNUSED GRADIENT differs from eager: {diff}")
