@@ -697,14 +697,8 @@ def test_traced_vmap_with_a_shared_predicate_returns_an_unchanged_operand_unbatc
         torch.testing.assert_close(out_y, y)
 
 
-@TRACING_MODES
-def test_traced_gradient_of_vmap_with_a_shared_predicate_reaches_the_closures(tracing_mode):
-    # grad outside vmap: the branches close over the batched x and the differentiated w.
-    def f(x, w, p):
-        return cond(p, lambda: (x.sqrt() * w).sum(), lambda: (x * w).sin().sum(), ())
-
-    def f_if(x, w, p):
-        return (x.sqrt() * w).sum() if p else (x * w).sin().sum()
+def _check_traced_gradient_of_vmap(f, f_if, tracing_mode):
+    """make_fx of grad over vmap(f) with a shared predicate equals grad of the per-example if."""
 
     def grads(f):
         def g(x, w, p):
@@ -721,6 +715,18 @@ def test_traced_gradient_of_vmap_with_a_shared_predicate_reaches_the_closures(tr
             lambda x, w, p=p: per_example(lambda x: f_if(x, w, p), x).sum(), argnums=(0, 1)
         )(x, w)
         torch.testing.assert_close(traced(x, w, p), want)
+
+
+@TRACING_MODES
+def test_traced_gradient_of_vmap_with_a_shared_predicate_reaches_the_closures(tracing_mode):
+    # grad outside vmap: the branches close over the batched x and the differentiated w.
+    def f(x, w, p):
+        return cond(p, lambda: (x.sqrt() * w).sum(), lambda: (x * w).sin().sum(), ())
+
+    def f_if(x, w, p):
+        return (x.sqrt() * w).sum() if p else (x * w).sin().sum()
+
+    _check_traced_gradient_of_vmap(f, f_if, tracing_mode)
 
 
 @TRACING_MODES
@@ -733,21 +739,7 @@ def test_traced_gradient_of_vmap_with_a_shared_predicate_and_an_operand_also_clo
     def f_if(x, w, p):
         return (x * x.sin() * w).sum() if p else (x + x * w).sum()
 
-    def grads(f):
-        def g(x, w, p):
-            loss = lambda x, w: torch.vmap(f, in_dims=(0, None, None))(x, w, p).sum()  # noqa: E731
-            return torch.func.grad(loss, argnums=(0, 1))(x, w)
-
-        return g
-
-    x, w = torch.tensor([[1.0, 4.0], [9.0, 0.25]]), torch.tensor([0.5, -1.5])
-    traced = make_fx(grads(f), tracing_mode=tracing_mode)(x, w, torch.tensor(True))
-    for p in (True, False):
-        p = torch.tensor(p)
-        want = torch.func.grad(
-            lambda x, w, p=p: per_example(lambda x: f_if(x, w, p), x).sum(), argnums=(0, 1)
-        )(x, w)
-        torch.testing.assert_close(traced(x, w, p), want)
+    _check_traced_gradient_of_vmap(f, f_if, tracing_mode)
 
 
 def test_jacrev_of_a_branch_that_reads_a_size_made_from_data():
