@@ -67,6 +67,17 @@ int plain_context(const at::Tensor& selector) {
 
 PyObject* slow() { Py_RETURN_NONE; }
 
+// read() of the selector `t` on the host; a CUDA read waits for the device, so it runs
+// without the GIL.
+template <typename Read>
+auto host_read(const at::Tensor& t, Read read) {
+  if (t.is_cuda()) {
+    pybind11::gil_scoped_release no_gil;
+    return read();
+  }
+  return read();
+}
+
 // taken_branch(pred, true_fn, false_fn, operands) -> the branch cond takes, or None.
 PyObject* taken_branch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4) {
@@ -87,12 +98,7 @@ PyObject* taken_branch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
     if (plain <= 0) return plain < 0 ? nullptr : slow();
     bool taken;
     try {
-      if (p.is_cuda()) {
-        pybind11::gil_scoped_release no_gil;  // the read waits for the device
-        taken = p.is_nonzero();
-      } else {
-        taken = p.is_nonzero();
-      }
+      taken = host_read(p, [&] { return p.is_nonzero(); });
     } catch (...) {  // several elements, batched by vmap, meta: explained there
       return slow();
     }
@@ -132,12 +138,7 @@ PyObject* taken_case(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
     int64_t i;
     if (t.is_meta() || at::functorch::isBatchedTensor(t) || t.numel() != 1) return slow();
     try {
-      if (t.is_cuda()) {
-        pybind11::gil_scoped_release no_gil;
-        i = t.item<int64_t>();
-      } else {
-        i = t.item<int64_t>();
-      }
+      i = host_read(t, [&] { return t.item<int64_t>(); });
     } catch (...) {  // batched, meta: explained there
       return slow();
     }
