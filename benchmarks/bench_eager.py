@@ -143,6 +143,33 @@ def sweep_namespace(k: int) -> dict:
 # --- main -------------------------------------------------------------------------------
 
 
+def _against(baseline: str, group: str, cases, ns, rounds, min_run_time, column=None):
+    """Each case's statement (the baseline) and its candidates, timed in one run: a row
+    per candidate with its ratio and overhead over the baseline, and every measurement."""
+    rows, ms_all = [], []
+    for title, base, cands in cases:
+        timers = {baseline: common.timer(base, ns, group, title, baseline)}
+        for name, stmt in cands.items():
+            timers[name] = common.timer(stmt, ns, group, title, column(name) if column else name)
+        ms = common.measure(timers, rounds, min_run_time)
+        ms_all += ms.values()
+        for name, stmt in cands.items():
+            bt, ct = common.best(ms[baseline]), common.best(ms[name])
+            rows.append(
+                common.record(
+                    title,
+                    base,
+                    name,
+                    stmt,
+                    ms[baseline],
+                    ms[name],
+                    ratio=ct / bt,
+                    overhead_ns=(ct - bt) * 1e9,
+                )
+            )
+    return rows, ms_all
+
+
 def part1(run, quick: bool, rounds: int, run_torch_cond: bool) -> None:
     min_run_time = 0.01 if quick else 0.2
     torch.manual_seed(0)
@@ -197,33 +224,18 @@ def part1(run, quick: bool, rounds: int, run_torch_cond: bool) -> None:
         ),
     ]
     before = common.dynamo_graphs_compiled()
-    rows, ms_all = [], []
     t0 = time.perf_counter()
-    for title, base, cands in cases:
-        if not run_torch_cond:
-            cands = {k: v for k, v in cands.items() if k != "torch.cond"}
-        timers = {"python": common.timer(base, ns, "eager, 4x3 f32", title, "python")}
-        for name, stmt in cands.items():
-            column = {"torchcond.switch": "torchcond", "torchcond.cond": "torchcond"}.get(
-                name, name
-            )
-            timers[name] = common.timer(stmt, ns, "eager, 4x3 f32", title, column)
-        ms = common.measure(timers, rounds, min_run_time)
-        ms_all += ms.values()
-        for name, stmt in cands.items():
-            bt, ct = common.best(ms["python"]), common.best(ms[name])
-            rows.append(
-                common.record(
-                    title,
-                    base,
-                    name,
-                    stmt,
-                    ms["python"],
-                    ms[name],
-                    ratio=ct / bt,
-                    overhead_ns=(ct - bt) * 1e9,
-                )
-            )
+    if not run_torch_cond:
+        cases = [(t, b, {k: v for k, v in c.items() if k != "torch.cond"}) for t, b, c in cases]
+    rows, ms_all = _against(
+        "python",
+        "eager, 4x3 f32",
+        cases,
+        ns,
+        rounds,
+        min_run_time,
+        column=lambda name: "torchcond" if name.startswith("torchcond.") else name,
+    )
     elapsed = time.perf_counter() - t0
     recompiles = common.dynamo_graphs_compiled() - before
 
@@ -408,33 +420,13 @@ def part3(run, quick: bool, rounds: int) -> None:
         ),
     ]
     ns["by_hand"] = by_hand
-    rows, ms_all = [], []
     t0 = time.perf_counter()
     with torch.no_grad():
         for _, base, cands in cases:
             expected = eval(base, ns)
             for stmt in cands.values():
                 torch.testing.assert_close(eval(stmt, ns), expected)
-        for title, base, cands in cases:
-            timers = {"by hand": common.timer(base, ns, "every branch runs", title, "by hand")}
-            for name, stmt in cands.items():
-                timers[name] = common.timer(stmt, ns, "every branch runs", title, name)
-            ms = common.measure(timers, rounds, min_run_time)
-            ms_all += ms.values()
-            for name, stmt in cands.items():
-                bt, ct = common.best(ms["by hand"]), common.best(ms[name])
-                rows.append(
-                    common.record(
-                        title,
-                        base,
-                        name,
-                        stmt,
-                        ms["by hand"],
-                        ms[name],
-                        ratio=ct / bt,
-                        overhead_ns=(ct - bt) * 1e9,
-                    )
-                )
+        rows, ms_all = _against("by hand", "every branch runs", cases, ns, rounds, min_run_time)
     elapsed = time.perf_counter() - t0
 
     run.say()
