@@ -36,10 +36,12 @@ MATRIX_UNIT ?= 2.14.1 2.11.0
 
 install: ext
 
-# torch and the test/docs tools; redone when requirements-dev.txt changes.
+# torch and the test/docs tools; redone when requirements-dev.txt changes. A machine-wide
+# pip constraint may cap torch below the newest release; the matrix asks for exact
+# releases, so the torch install ignores it.
 $(DEPS_STAMP): requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	PIP_CONSTRAINT=/dev/null $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $(DEPS_STAMP)
 
