@@ -749,9 +749,9 @@ def torch_limit(context: str, transform: str, kind: str, op: str) -> dict[str, s
 
 def _misattribution(case: Case, error: CondError):
     """What a torchcond error blames that this program does not do, if anything."""
-    # The message alone: dynamo appends the user's stack, whose torch.func frames
-    # pass `randomness` around.
-    text = str(error).split("\n\nfrom user code:")[0]
+    # The message alone: dynamo and AOTAutograd append the user's stack, whose
+    # torch.func frames pass `randomness` around.
+    text = re.split(r"\n\n(?:from user code:|While executing)", str(error))[0]
     if "autograd.Function" in text:
         return "it blames a custom autograd.Function; the program has none"
     if "random" in text:

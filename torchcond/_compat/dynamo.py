@@ -190,6 +190,9 @@ def _conditional_variable_class(
             # ``closures_read_as``: what a mode that stands in for closed-over tensors
             # (closures.StandIns) reads them as; it could not be entered in the branches.
             read_as = kwargs.pop("closures_read_as", None)
+            # ``speculate_only=True``: the branches are checked and nothing is emitted
+            # (api's select path, which runs them inline after).
+            speculate_only = kwargs.pop("speculate_only", None) is not None
             if kwargs or len(args) < 3 or not may_write.is_python_constant():
                 refuse("bad arguments", (args, kwargs))
             may_write = bool(may_write.as_python_constant())
@@ -244,6 +247,8 @@ def _conditional_variable_class(
                 )
             except CondError as error:  # as the same call raises it eagerly
                 raise compile_time_error(type(error), str(error)) from None
+            if speculate_only:
+                return v.ConstantVariable.create(None)
             shared = self._merge_lifted_inputs(speculated, operand_vts)
             if read_as is not None:
                 shared = _read_closures_as(tx, read_as, shared, operand_vts)

@@ -374,14 +374,21 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
             return _operator_under_dynamo(
                 form.op, selector, labelled_branches, operands, may_write=False
             )
-        # Nothing reads this node: AOTAutograd (aot_eager, inductor) drops it; only the
-        # eager backend runs it, a Python `if` that gives the same values. So no mode
-        # need see it: in an enclosing select's run, the mode that reads closures
-        # (closures.StandIns) would change its own state from inside the branches,
-        # which dynamo refuses.
+        # Only the checks are wanted, so dynamo emits no node: AOTAutograd would trace
+        # one before dropping it, and some rules refuse what the inline run below
+        # handles (a torch.func transform over it under functionalization). No mode
+        # need see the checks: in an enclosing select's run, the mode that reads
+        # closures (closures.StandIns) would change its own state from inside the
+        # branches, which dynamo refuses.
         with _compat.torch_function_disabled():
             _operator_under_dynamo(
-                form.op, selector, labelled_branches, operands, leaves_only=True, may_write=False
+                form.op,
+                selector,
+                labelled_branches,
+                operands,
+                leaves_only=True,
+                may_write=False,
+                speculate_only=True,
             )
     return run_flat(
         labelled_branches,

@@ -136,17 +136,18 @@ def run_every_branch(
         first = which == 0
     grad_mode = torch.is_grad_enabled()
     differentiable = grad_mode or _compat.differentiating_transforms_active()
-    # Operands whose gradient only the taken examples may feed, and to which a write is
-    # refused; none when nothing differentiates.
+    # Operands to which a write is refused: those that need a gradient now.
     if differentiable:
         refused = [isinstance(t, torch.Tensor) and needs_grad(t) for t in operands]
-        guarded = [i for i, r in enumerate(refused) if r]
     else:
-        refused, guarded = [False] * len(operands), []
+        refused = [False] * len(operands)
+    guards = _gradient_guard(grad_mode, differentiable)
+    # Operands whose gradient only the taken examples may feed.
+    guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and guards(t)]
     writes = BranchWrites(operands, refused, owning=differentiable)
     # A buffer a branch assigns, or other Python state it changes: refused (state.py).
     with every_branch_runs("select"):
-        if differentiable:
+        if differentiable or guarded:
             outputs, values, given = [], [], []
             for k, branch in enumerate(branches):
                 mask = _Mask(first, which, k)
@@ -155,7 +156,7 @@ def run_every_branch(
                     labels[k],
                     branch,
                     inputs,
-                    lambda: (_closures_masked(mask, inputs, writes, grad_mode),),  # noqa: B023
+                    lambda: (_closures_masked(mask, inputs, writes, guards, grad_mode),),  # noqa: B023
                 )
                 outputs.append(outs)
                 values.append(new_values)
@@ -196,16 +197,44 @@ class _Mask:
         return self.value[0]
 
 
-def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, grad_mode: bool):
-    """A context in which each tensor the branch closes over that needs a gradient is
+def _gradient_guard(grad_mode: bool, differentiable: bool) -> Callable[[torch.Tensor], bool]:
+    """Which tensors a branch reads masked, so that their gradient comes only from the
+    examples that take it.
+
+    Those that need a gradient now. A program traced by make_fx or torch.export may be
+    differentiated later, whatever its inputs needed while it was traced, so there
+    every floating tensor is masked. torch.compile guards on requires_grad and
+    retraces when it changes, so there the tensors that need one now are enough.
+    """
+    if _compat.tracing_active() and (
+        not _compat.is_dynamo_compiling() or _compat.is_exporting()
+    ):
+        return _differentiable_dtype
+    if not differentiable:
+        return lambda t: False
+
+    def now(t: torch.Tensor) -> bool:
+        # The conditional's grad mode, not the one where the branch first reads the
+        # tensor (it may read it under no_grad).
+        with torch.set_grad_enabled(grad_mode):
+            return needs_grad(t)
+
+    return now
+
+
+def _differentiable_dtype(t: torch.Tensor) -> bool:
+    return t.dtype.is_floating_point or t.dtype.is_complex
+
+
+def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, guards, grad_mode: bool):
+    """A context in which each tensor the branch closes over that ``guards`` picks is
     read masked, as its operands are (``_masked``)."""
 
     def stand_in(t: torch.Tensor) -> torch.Tensor:
-        # Whether a gradient is needed is the conditional's grad mode, not the one
-        # where the branch first reads the tensor (it may read it under no_grad).
+        if not guards(t):
+            return t
+        # The conditional's grad mode, not the branch's where it reads the tensor.
         with torch.set_grad_enabled(grad_mode):
-            if not needs_grad(t):
-                return t
             where = mask()
             if where.device != t.device and where.device.type != "cpu":
                 where = where.to(t.device)  # a CPU scalar beside CUDA tensors, say
