@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
-import re
 import warnings
 from typing import Any, NoReturn
 
@@ -37,6 +35,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import CondError
+from . import user_stack_trace
 from .after_import import when_imported
 
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
@@ -268,7 +267,7 @@ def _conditional_variable_class(
             node = last.next
             while node is not last and node.op != "root":  # the nodes just emitted
                 if node.stack_trace:
-                    node.stack_trace = _user_frames_only(node.stack_trace)
+                    node.stack_trace = user_stack_trace(node.stack_trace)
                 node = node.next
             return result
 
@@ -709,24 +708,6 @@ def _read_closures_as(tx, read_as, shared: list, operand_vts) -> list:
             proxy = read_as.call_function(tx, [closure], {}).as_proxy()
         read.append(proxy)
     return read
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_FRAME = re.compile(r'^  File "', re.MULTILINE)
-
-
-def _user_frames_only(stack_trace: str) -> str:
-    """``stack_trace`` (as ``traceback`` formats it) without torchcond's own frames.
-
-    Dynamo records the frames it is inlining when it emits a node; the innermost is
-    torchcond's entry point, where the user's call is the line that matters.
-    """
-    starts = [m.start() for m in _FRAME.finditer(stack_trace)]
-    if not starts:
-        return stack_trace
-    frames = [stack_trace[a:b] for a, b in zip(starts, [*starts[1:], len(stack_trace)])]
-    kept = [f for f in frames if not f[len('  File "') :].startswith(_PACKAGE_DIR)]
-    return stack_trace[: starts[0]] + "".join(kept)
 
 
 def _number_values(tx, speculated, number_rules) -> None:
