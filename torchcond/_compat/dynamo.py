@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import warnings
 from typing import Any, NoReturn
 
 import torch
@@ -99,10 +98,11 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
 def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
-    ``forms`` maps each operator to ``(taken, labels)``: ``taken(constant_selector, n)
-    -> branch index``, used when dynamo sees a constant selector and inlines that
-    branch (it raises a ``CondError`` for a constant that is no selector), and
-    ``labels(n)``, the branches' names in messages.
+    ``forms`` maps each operator to ``(taken, labels, warn_if_exporting)``:
+    ``taken(constant_selector, n) -> branch index``, used when dynamo sees a constant
+    selector and inlines that branch (it raises a ``CondError`` for a constant that is
+    no selector), ``labels(n)``, the branches' names in messages, and
+    ``warn_if_exporting(constant_selector)``, the warning that export keeps that branch only.
     ``check_outputs(per_branch_outputs, labels, out_spec)`` raises, naming the output
     path, when the speculated branches' outputs cannot be one operator's outputs.
     ``state_rules`` (``_src/state.py``): what a branch may change outside itself, and
@@ -116,14 +116,21 @@ def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
 
 def _register(hop, forms: dict, check_outputs, state_rules, number_rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
-    for op, (taken, labels) in forms.items():
+    for op, (taken, labels, warn_if_exporting) in forms.items():
         registry[op.name()] = _conditional_variable_class(
-            hop, op.name(), taken, labels, check_outputs, state_rules, number_rules
+            hop,
+            op.name(),
+            taken,
+            labels,
+            warn_if_exporting,
+            check_outputs,
+            state_rules,
+            number_rules,
         )
 
 
 def _conditional_variable_class(
-    hop, op_name: str, taken, labels, check_outputs, state_rules, number_rules
+    hop, op_name: str, taken, labels, warn_if_exporting, check_outputs, state_rules, number_rules
 ):
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
@@ -206,7 +213,7 @@ def _conditional_variable_class(
                     index = taken(constant, len(branch_vts))
                 except CondError as error:
                     raise compile_time_error(type(error), str(error)) from None
-                _warn_constant_selector(op_name, constant)
+                warn_if_exporting(constant)
                 branch = branch_vts[index]
                 return branch.call_function(tx, list(operand_vts), {})
             if not isinstance(selector, (v.TensorVariable, v.SymNodeVariable)):
@@ -783,14 +790,3 @@ def _python_treespec(spec):
         return treespec.as_python_constant()
     except Exception:  # only used to name output paths in error messages
         return None
-
-
-def _warn_constant_selector(op_name: str, constant) -> None:
-    if torch.compiler.is_exporting():
-        warnings.warn(
-            f"{op_name}: the selector is the Python constant {constant!r}, so only the "
-            "branch it selects is exported. Pass a tensor or a symbolic value to keep "
-            "every branch in the graph.",
-            UserWarning,
-            stacklevel=2,
-        )

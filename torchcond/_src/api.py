@@ -7,7 +7,6 @@ operand pytree and calls the higher-order operator, whose rules live in ``ops.py
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -295,7 +294,7 @@ def _checked_and_run(form: Form, selector, branches, operands, strategy, check_b
         return _select_path(form, form.normalize(selector, n), labelled, operands, strategy)
     selector = python_scalar(selector)
     if form.is_constant(selector):
-        _warn_if_exporting(form, selector)
+        form.warn_if_exporting(selector, stacklevel=4)
         return _run_concrete(form, labelled, form.taken(selector, n), operands, check_branches)
     if isinstance(selector, torch.Tensor):
         form.check_tensor(selector)
@@ -390,17 +389,6 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
         selected=True,
         selector=selector,
     )
-
-
-def _warn_if_exporting(form: Form, value) -> None:
-    if _compat.is_exporting():
-        warnings.warn(
-            f"{form.name}: argument '{form.selector_arg}' is the Python constant {value!r}, "
-            f"so only the branch it selects is exported. Pass {form.symbolic_kind} to keep "
-            "every branch in the graph.",
-            UserWarning,
-            stacklevel=4,
-        )
 
 
 # --- validation -----------------------------------------------------------------------

@@ -9,6 +9,7 @@ are named in a traced module.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -72,6 +73,19 @@ class Form:
         """The branch a Python constant selector takes; ``CondArgumentError`` for a
         constant that is no selector (None, a string, a complex number)."""
         return self.taken(value if self.is_constant(value) else self.normalize(value, n), n)
+
+    def warn_if_exporting(self, value, stacklevel: int = 2) -> None:
+        """While exporting, warn that the Python constant selector ``value`` exports
+        only the branch it takes (``stacklevel`` as ``warnings.warn`` counts it from
+        here: 2 names this method's caller)."""
+        if _compat.is_exporting():
+            warnings.warn(
+                f"{self.name}: argument '{self.selector_arg}' is the Python constant {value!r}, "
+                f"so only the branch it selects is exported. Pass {self.symbolic_kind} to keep "
+                "every branch in the graph.",
+                UserWarning,
+                stacklevel=stacklevel,
+            )
 
     def taken_branch(self, selector, branches: Sequence[Callable]) -> Callable:
         """The branch a concrete selector takes (the operator called with a Python
