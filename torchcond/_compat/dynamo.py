@@ -190,8 +190,9 @@ def _conditional_variable_class(
         def _call_function(self, tx, args, kwargs):
             v = variables()
             args, kwargs = v.lazy.LazyVariableTracker.realize_all((args, kwargs))
-            # ``may_write=False``: only dynamo sees this keyword (api's select path),
-            # for branches that all run, taken or not, so may not write outside.
+            # ``may_write=False``: a keyword of this hook, not of the operator (see
+            # api._operator_under_dynamo), for branches that all run, taken or not, so
+            # may not write outside.
             may_write = kwargs.pop("may_write", v.ConstantVariable.create(True))
             # ``closures_read_as``: what a mode that stands in for closed-over tensors
             # (closures.StandIns) reads them as; it could not be entered in the branches.

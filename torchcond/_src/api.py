@@ -264,9 +264,18 @@ def _switch_under_dynamo(index, branches, operands, strategy):
         _raise_compiled(type(error), error.args[0])
 
 
-def _operator_under_dynamo(op, selector, labelled_branches, operands, leaves_only=False, **kw):
+def _operator_under_dynamo(
+    op, selector, labelled_branches, operands, leaves_only=False, may_write=True
+):
     """``op`` as dynamo speculates it: flat operands, each branch taking them flat
-    (``pytrees.speculated``); dynamo rebuilds the output."""
+    (``pytrees.speculated``); dynamo rebuilds the output. Called only while dynamo
+    traces: dynamo's hook for the operator (_compat/dynamo.py) runs in place of ``op``.
+
+    ``may_write=False``: the branches all run, taken or not (the select path), so the
+    hook refuses their writes to anything from outside them. It is the hook's keyword,
+    not the operator's, so it is passed only then.
+    """
+    kw = {} if may_write else {"may_write": False}
     spec = None
     if not _tensor_sequence(operands):  # nothing to flatten: no pytree code in the trace
         flat, spec = pytree.tree_flatten(operands)
@@ -363,8 +372,8 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
     if _dynamo_compiling():
         # Dynamo inlines the branches below, where no dispatch mode can refuse a write
         # from a branch that runs untaken. Calling the operator makes dynamo speculate
-        # each branch as a subgraph, and ``may_write=False`` (a keyword only dynamo's
-        # hook reads) has it refuse writes to anything from outside it.
+        # each branch as a subgraph, and ``may_write=False`` has it refuse writes to
+        # anything from outside it.
         if _in_subgraph():
             # In a branch dynamo speculates (another conditional's, say), the run below
             # could not enter the mode that reads closed-over tensors: the operator
