@@ -37,7 +37,8 @@ enum SelKind : int32_t {
   kSelU64 = 8,
 };
 
-// Read a selector element and clamp it into [0, num_branches).
+// Read a selector element and clamp it into [0, num_branches): switch's index rule
+// (torchcond/_src/forms.py, clamp_index), per element.
 #if defined(__CUDACC__)
 #define TORCHCOND_HD __host__ __device__ __forceinline__
 #else
