@@ -77,7 +77,7 @@ MEM_TARGET = 1.1  # peak memory of a training step at most 1.1x the Python `if`
 LR = 0.01
 
 
-# --- part 1: the code under test --------------------------------------------------------
+# --- part 1: the code under test (the baselines are in common.conditionals) -------------
 
 
 def f_true(a):
@@ -88,33 +88,11 @@ def f_false(a):
     return a.cos().sum()
 
 
-def b0(a):
-    return (a.sin() * a).sum()
-
-
-def b1(a):
-    return a.cos().sum()
-
-
 def b2(a):
     return (a * a).sum()
 
 
-BRANCHES = [b0, b1, b2]
-
-
-def py_if(x):
-    if x.sum() > 0:
-        return f_true(x)
-    return f_false(x)
-
-
-def tc_cond(x):
-    return torchcond.cond(x.sum() > 0, f_true, f_false, (x,))
-
-
-def torch_cond(x):
-    return torch.cond(x.sum() > 0, f_true, f_false, (x,))
+BRANCHES = [f_true, f_false, b2]
 
 
 # --- part 1: timing (same method as bench_eager.py) -------------------------------------
@@ -139,22 +117,9 @@ def time_part(args) -> tuple[list, list[str]]:
     p = (x.sum() > 0).detach()
     i = torch.tensor(1)
 
-    ns = {
-        "torch": torch,
-        "grad": torch.autograd.grad,
-        "cond": torchcond.cond,
-        "switch": torchcond.switch,
-        "f": f_true,
-        "g": f_false,
-        "branches": BRANCHES,
-        "py_if": py_if,
-        "tc_cond": tc_cond,
-        "torch_cond": torch_cond,
-        "x": x,
-        "xs": (x,),
-        "p": p,
-        "i": i,
-    }
+    ns = common.conditionals(f_true, f_false, BRANCHES)
+    ns.update(grad=torch.autograd.grad, x=x, xs=(x,), p=p, i=i)
+    py_if, tc_cond, torch_cond = ns["py_if"], ns["tc_cond"], ns["torch_cond"]
 
     # sanity: every candidate computes the same gradient
     (ref,) = torch.autograd.grad(f_true(x), (x,))
@@ -190,39 +155,27 @@ def time_part(args) -> tuple[list, list[str]]:
     else:
         notes.append("torch.cond skipped")
 
-    rows = []  # (case, baseline stmt, base s, cand name, cand stmt, cand s, target)
-    records = []  # the same, with the statistics, for the JSON
-
-    def case(title, baseline, cands):
-        timers = {"python": common.timer(baseline, ns, "autograd", title, "python")}
-        for name, stmt in cands.items():
-            timers[name] = common.timer(stmt, ns, "autograd", title, name)
-        ms = common.measure(timers, rounds, min_run_time)
-        for name, stmt in cands.items():
-            target = f"<= {TIME_TARGET}x" if name.startswith("torchcond") else "-"
-            bt, ct = common.best(ms["python"]), common.best(ms[name])
-            rows.append((title, baseline, bt, name, stmt, ct, target))
-            records.append(
-                common.record(title, baseline, name, stmt, ms["python"], ms[name], ratio=ct / bt)
-            )
-
+    cases = []  # (title, baseline stmt, {candidate: stmt})
     gc.collect()
     t_start = time.perf_counter()
     cands = {"torchcond.cond": "grad(tc_cond(x), xs)"}
     if run_torch_cond:
         cands["torch.cond"] = "grad(torch_cond(x), xs)"
-    case("cond, pred inside (x.sum() > 0)", "grad(py_if(x), xs)", cands)
+    cases.append(("cond, pred inside (x.sum() > 0)", "grad(py_if(x), xs)", cands))
 
     cands = {"torchcond.cond": "grad(cond(p, f, g, (x,)), xs)"}
     if run_torch_cond:
         cands["torch.cond"] = "grad(torch.cond(p, f, g, (x,)), xs)"
-    case("cond, precomputed pred", "grad(f(x) if p else g(x), xs)", cands)
+    cases.append(("cond, precomputed pred", "grad(f(x) if p else g(x), xs)", cands))
 
-    case(
-        "switch, 3 branches, tensor index",
-        "grad(branches[int(i)](x), xs)",
-        {"torchcond.switch": "grad(switch(i, branches, (x,)), xs)"},
+    cases.append(
+        (
+            "switch, 3 branches, tensor index",
+            "grad(branches[int(i)](x), xs)",
+            {"torchcond.switch": "grad(switch(i, branches, (x,)), xs)"},
+        )
     )
+    records, _ = common.against("python", "autograd", cases, ns, rounds, min_run_time)
     elapsed = time.perf_counter() - t_start
     if run_torch_cond:
         recompiles = common.dynamo_graphs_compiled() - compiled_before
@@ -233,7 +186,7 @@ def time_part(args) -> tuple[list, list[str]]:
         f"time: {rounds} interleaved rounds of blocked_autorange (~{min_run_time * 1e3:.0f} ms), "
         f"fastest block reported; timed rounds took {elapsed:.1f} s"
     )
-    return rows, records, notes
+    return records, notes
 
 
 # --- part 2: peak memory of a training step ---------------------------------------------
@@ -484,8 +437,20 @@ def main(argv=None) -> int:
         args.quick,
     )
     say = run.say
-    rows, records, notes = time_part(args)
+    records, notes = time_part(args)
     run.results["time"] = records
+    rows = [  # (case, baseline stmt, base s, candidate, candidate stmt, candidate s, target)
+        (
+            r["case"],
+            r["baseline_stmt"],
+            r["baseline"]["best_s"],
+            r["candidate"],
+            r["candidate_stmt"],
+            r["result"]["best_s"],
+            f"<= {TIME_TARGET}x" if r["candidate"].startswith("torchcond") else "-",
+        )
+        for r in records
+    ]
 
     head = f"{'case':<32} {'candidate':<16} {'python us':>10} {'cand us':>10} {'ratio':>8}  target"
     say()

@@ -63,7 +63,7 @@ SWEEP_SHAPES_QUICK = [(4, 3), (128, 128)]
 SWEEP_OPS = (1, 8)
 
 
-# --- the code under test (part 1) -------------------------------------------------------
+# --- the code under test (part 1; the baselines are in common.conditionals) ------------
 
 
 def f_true(x):
@@ -74,33 +74,11 @@ def f_false(x):
     return x.cos()
 
 
-def b0(x):
-    return x.sin()
-
-
-def b1(x):
-    return x.cos()
-
-
 def b2(x):
     return x.tanh()
 
 
-BRANCHES = [b0, b1, b2]
-
-
-def py_if(x):
-    if x.sum() > 0:
-        return f_true(x)
-    return f_false(x)
-
-
-def tc_cond(x):
-    return torchcond.cond(x.sum() > 0, f_true, f_false, (x,))
-
-
-def torch_cond(x):
-    return torch.cond(x.sum() > 0, f_true, f_false, (x,))
+BRANCHES = [f_true, f_false, b2]
 
 
 # --- the code under test (part 2): branches of k elementwise ops ------------------------
@@ -118,56 +96,10 @@ def chain(op, k):
 
 def sweep_namespace(k: int) -> dict:
     t, f = chain(torch.sin, k), chain(torch.cos, k)
-    branches = [t, f, chain(torch.tanh, k)]
-
-    def s_py_if(x):
-        if x.sum() > 0:
-            return t(x)
-        return f(x)
-
-    def s_tc_cond(x):
-        return torchcond.cond(x.sum() > 0, t, f, (x,))
-
-    def s_torch_cond(x):
-        return torch.cond(x.sum() > 0, t, f, (x,))
-
-    return {
-        "py_if": s_py_if,
-        "tc_cond": s_tc_cond,
-        "torch_cond": s_torch_cond,
-        "switch": torchcond.switch,
-        "branches": branches,
-    }
+    return common.conditionals(t, f, [t, f, chain(torch.tanh, k)])
 
 
 # --- main -------------------------------------------------------------------------------
-
-
-def _against(baseline: str, group: str, cases, ns, rounds, min_run_time, column=None):
-    """Each case's statement (the baseline) and its candidates, timed in one run: a row
-    per candidate with its ratio and overhead over the baseline, and every measurement."""
-    rows, ms_all = [], []
-    for title, base, cands in cases:
-        timers = {baseline: common.timer(base, ns, group, title, baseline)}
-        for name, stmt in cands.items():
-            timers[name] = common.timer(stmt, ns, group, title, column(name) if column else name)
-        ms = common.measure(timers, rounds, min_run_time)
-        ms_all += ms.values()
-        for name, stmt in cands.items():
-            bt, ct = common.best(ms[baseline]), common.best(ms[name])
-            rows.append(
-                common.record(
-                    title,
-                    base,
-                    name,
-                    stmt,
-                    ms[baseline],
-                    ms[name],
-                    ratio=ct / bt,
-                    overhead_ns=(ct - bt) * 1e9,
-                )
-            )
-    return rows, ms_all
 
 
 def part1(run, quick: bool, rounds: int, run_torch_cond: bool) -> None:
@@ -177,21 +109,10 @@ def part1(run, quick: bool, rounds: int, run_torch_cond: bool) -> None:
     if not bool(x.sum() > 0):
         x = -x  # the true branch is taken everywhere; which one does not matter here
     p = x.sum() > 0
-    i = torch.tensor(1)  # int64 scalar: branch b1
-    ns = {
-        "torch": torch,
-        "cond": torchcond.cond,
-        "switch": torchcond.switch,
-        "f": f_true,
-        "g": f_false,
-        "branches": BRANCHES,
-        "py_if": py_if,
-        "tc_cond": tc_cond,
-        "torch_cond": torch_cond,
-        "x": x,
-        "p": p,
-        "i": i,
-    }
+    i = torch.tensor(1)  # int64 scalar: branch f_false
+    ns = common.conditionals(f_true, f_false, BRANCHES)
+    ns.update(x=x, p=p, i=i)
+    py_if, tc_cond, torch_cond = ns["py_if"], ns["tc_cond"], ns["torch_cond"]
     ref = f_true(x)
     assert torch.equal(py_if(x), ref) and torch.equal(tc_cond(x), ref)
     assert torch.equal(torchcond.cond(p, f_true, f_false, (x,)), ref)
@@ -227,7 +148,7 @@ def part1(run, quick: bool, rounds: int, run_torch_cond: bool) -> None:
     t0 = time.perf_counter()
     if not run_torch_cond:
         cases = [(t, b, {k: v for k, v in c.items() if k != "torch.cond"}) for t, b, c in cases]
-    rows, ms_all = _against(
+    rows, ms_all = common.against(
         "python",
         "eager, 4x3 f32",
         cases,
@@ -426,7 +347,9 @@ def part3(run, quick: bool, rounds: int) -> None:
             expected = eval(base, ns)
             for stmt in cands.values():
                 torch.testing.assert_close(eval(stmt, ns), expected)
-        rows, ms_all = _against("by hand", "every branch runs", cases, ns, rounds, min_run_time)
+        rows, ms_all = common.against(
+            "by hand", "every branch runs", cases, ns, rounds, min_run_time
+        )
     elapsed = time.perf_counter() - t0
 
     run.say()

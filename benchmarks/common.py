@@ -10,6 +10,9 @@
   time (``best``), the median and IQR are kept too. ``Timer`` runs with
   ``torch.get_num_threads()`` threads (its default would be 1), and ``timeit``
   underneath compiles the statement inline and turns gc off.
+* ``against``: each case's candidates timed beside its baseline, one row per candidate.
+* ``conditionals``: the code under test for a cond and a switch over given branches,
+  with its Python baselines (``bench_eager.py`` and ``bench_autograd.py``).
 * ``cuda_ms``: CUDA-event timing for the GPU scripts.
 
 Run the scripts from the repository root; each puts ``benchmarks/`` first on
@@ -204,6 +207,41 @@ def write_json(path: str, data: dict) -> None:
         fh.write("\n")
 
 
+# --- the code under test ----------------------------------------------------------------
+
+
+def conditionals(f, g, branches) -> dict:
+    """A ``timer`` namespace: a cond over ``f`` / ``g`` and a switch over ``branches``, and
+    their baselines. ``py_if(x)`` is the Python ``if`` on ``x.sum() > 0``; ``tc_cond(x)``
+    and ``torch_cond(x)`` are the same function written with ``torchcond.cond`` and
+    ``torch.cond``. The other baselines are statements over these names:
+    ``f(x) if p else g(x)`` (a precomputed predicate), ``branches[int(i)](x)`` (switch)."""
+    import torchcond
+
+    def py_if(x):
+        if x.sum() > 0:
+            return f(x)
+        return g(x)
+
+    def tc_cond(x):
+        return torchcond.cond(x.sum() > 0, f, g, (x,))
+
+    def torch_cond(x):
+        return torch.cond(x.sum() > 0, f, g, (x,))
+
+    return {
+        "torch": torch,
+        "cond": torchcond.cond,
+        "switch": torchcond.switch,
+        "f": f,
+        "g": g,
+        "branches": list(branches),
+        "py_if": py_if,
+        "tc_cond": tc_cond,
+        "torch_cond": torch_cond,
+    }
+
+
 # --- timing -----------------------------------------------------------------------------
 
 
@@ -266,6 +304,34 @@ def record(case, baseline_stmt, candidate, candidate_stmt, baseline, result, **r
         "result": stats(result),
         **ratios,
     }
+
+
+def against(baseline: str, group: str, cases, ns, rounds, min_run_time, column=None):
+    """Each case ``(title, baseline stmt, {candidate: stmt})`` timed in one ``measure`` run:
+    a ``record`` per candidate with its ratio and overhead over the baseline, and every
+    measurement. ``column(name)`` is the candidate's column in ``compare`` (default: name)."""
+    rows, ms_all = [], []
+    for title, base, cands in cases:
+        timers = {baseline: timer(base, ns, group, title, baseline)}
+        for name, stmt in cands.items():
+            timers[name] = timer(stmt, ns, group, title, column(name) if column else name)
+        ms = measure(timers, rounds, min_run_time)
+        ms_all += ms.values()
+        for name, stmt in cands.items():
+            bt, ct = best(ms[baseline]), best(ms[name])
+            rows.append(
+                record(
+                    title,
+                    base,
+                    name,
+                    stmt,
+                    ms[baseline],
+                    ms[name],
+                    ratio=ct / bt,
+                    overhead_ns=(ct - bt) * 1e9,
+                )
+            )
+    return rows, ms_all
 
 
 def compare(measurements: list, title: str | None = None) -> None:

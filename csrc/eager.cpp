@@ -29,7 +29,7 @@ PyObject* g_profiler_module = nullptr;
 PyObject* g_profiler_flag = nullptr;
 PyObject* g_capturing = nullptr;
 
-bool is_plain_tensor(PyObject* o) { return Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(THPVariableClass); }
+bool is_plain_tensor(PyObject* object) { return Py_TYPE(object) == reinterpret_cast<PyTypeObject*>(THPVariableClass); }
 
 // A tuple or list whose items are all exactly torch.Tensor (or a Parameter, with
 // `parameters`: a plain tensor to C++).
@@ -38,8 +38,8 @@ bool plain_operands(PyObject* operands, bool parameters = false) {
   if (!tuple && !PyList_CheckExact(operands)) return false;
   const Py_ssize_t n = tuple ? PyTuple_GET_SIZE(operands) : PyList_GET_SIZE(operands);
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* o = tuple ? PyTuple_GET_ITEM(operands, i) : PyList_GET_ITEM(operands, i);
-    if (!(parameters ? THPVariable_CheckExact(o) : is_plain_tensor(o))) return false;
+    PyObject* operand = tuple ? PyTuple_GET_ITEM(operands, i) : PyList_GET_ITEM(operands, i);
+    if (!(parameters ? THPVariable_CheckExact(operand) : is_plain_tensor(operand))) return false;
   }
   return true;
 }
@@ -85,8 +85,8 @@ PyObject* taken_branch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
     return nullptr;
   }
   PyObject* pred = args[0];
-  if (g_profiler_module == nullptr || !is_plain_tensor(pred) || !PyCallable_Check(args[1]) || !PyCallable_Check(args[2]) ||
-      !plain_operands(args[3])) {
+  if (g_profiler_module == nullptr || !is_plain_tensor(pred) || !PyCallable_Check(args[1]) ||
+      !PyCallable_Check(args[2]) || !plain_operands(args[3])) {
     return slow();
   }
   try {
@@ -119,8 +119,8 @@ PyObject* taken_case(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
   }
   PyObject* index = args[0];
   PyObject* branches = args[1];
-  if (g_profiler_module == nullptr || !is_plain_tensor(index) || !PyList_CheckExact(branches) || PyList_GET_SIZE(branches) == 0 ||
-      !plain_operands(args[2])) {
+  if (g_profiler_module == nullptr || !is_plain_tensor(index) || !PyList_CheckExact(branches) ||
+      PyList_GET_SIZE(branches) == 0 || !plain_operands(args[2])) {
     return slow();
   }
   const Py_ssize_t n = PyList_GET_SIZE(branches);
@@ -142,7 +142,7 @@ PyObject* taken_case(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
     } catch (...) {  // batched, meta: explained there
       return slow();
     }
-    i = i < 0 ? 0 : (i >= n ? n - 1 : i);
+    i = i < 0 ? 0 : (i >= n ? n - 1 : i);  // forms.clamp_index, without calling Python
     PyObject* fn = PyList_GET_ITEM(branches, i);
     Py_INCREF(fn);
     return fn;
@@ -176,30 +176,31 @@ PyObject* plainly_agree(PyObject* /*module*/, PyObject* const* args, Py_ssize_t 
   const int shapes = PyObject_IsTrue(args[1]);
   if (shapes < 0) return nullptr;
   PyObject* outputs = args[0];
-  const Py_ssize_t nb = PyList_GET_SIZE(outputs);
-  if (nb == 0) Py_RETURN_FALSE;
-  PyObject* first = PyList_GET_ITEM(outputs, 0);
-  if (!PyTuple_Check(first)) Py_RETURN_FALSE;
-  const Py_ssize_t n = PyTuple_GET_SIZE(first);
-  for (Py_ssize_t b = 1; b < nb; ++b) {
+  const Py_ssize_t num_branches = PyList_GET_SIZE(outputs);
+  if (num_branches == 0) Py_RETURN_FALSE;
+  PyObject* firsts = PyList_GET_ITEM(outputs, 0);
+  if (!PyTuple_Check(firsts)) Py_RETURN_FALSE;
+  const Py_ssize_t n = PyTuple_GET_SIZE(firsts);
+  for (Py_ssize_t b = 1; b < num_branches; ++b) {
     PyObject* outs = PyList_GET_ITEM(outputs, b);
     if (!PyTuple_Check(outs) || PyTuple_GET_SIZE(outs) != n) Py_RETURN_FALSE;
   }
   for (Py_ssize_t j = 0; j < n; ++j) {
-    PyObject* f = PyTuple_GET_ITEM(first, j);
-    if (!THPVariable_Check(f)) Py_RETURN_FALSE;
-    const at::Tensor& a = THPVariable_Unpack(f);
-    if (a.layout() != at::kStrided || a.is_quantized() || a.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    PyObject* first = PyTuple_GET_ITEM(firsts, j);
+    if (!THPVariable_Check(first)) Py_RETURN_FALSE;
+    const at::Tensor& expected = THPVariable_Unpack(first);
+    if (expected.layout() != at::kStrided || expected.is_quantized() ||
+        expected.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
       Py_RETURN_FALSE;
     }
-    for (Py_ssize_t b = 1; b < nb; ++b) {
-      PyObject* o = PyTuple_GET_ITEM(PyList_GET_ITEM(outputs, b), j);
-      if (o == f) continue;
-      if (!THPVariable_Check(o)) Py_RETURN_FALSE;
-      const at::Tensor& t = THPVariable_Unpack(o);
-      if (t.scalar_type() != a.scalar_type() || t.device() != a.device() || t.layout() != at::kStrided ||
-          t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || t.dim() != a.dim() ||
-          (shapes && t.sizes() != a.sizes())) {
+    for (Py_ssize_t b = 1; b < num_branches; ++b) {
+      PyObject* other = PyTuple_GET_ITEM(PyList_GET_ITEM(outputs, b), j);
+      if (other == first) continue;
+      if (!THPVariable_Check(other)) Py_RETURN_FALSE;
+      const at::Tensor& tensor = THPVariable_Unpack(other);
+      if (tensor.scalar_type() != expected.scalar_type() || tensor.device() != expected.device() ||
+          tensor.layout() != at::kStrided || tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+          tensor.dim() != expected.dim() || (shapes && tensor.sizes() != expected.sizes())) {
         Py_RETURN_FALSE;
       }
     }

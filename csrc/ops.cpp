@@ -81,15 +81,14 @@ PYBIND11_MODULE(_C, m) {
   // The operators called below the Autograd key, for an eager call whose values need no
   // gradient: what `with torch._C._AutoDispatchBelowAutograd(): op(...)` does, without
   // the Python around it (torchcond/_src/select_ops.py).
-  m.def("select_below_autograd",
-        [](const at::Tensor& pred, const std::vector<at::Tensor>& true_values,
-           const std::vector<at::Tensor>& false_values) {
-          static const auto op = c10::Dispatcher::singleton()
-                                     .findSchemaOrThrow("torchcond::select", "")
-                                     .typed<std::vector<at::Tensor>(const at::Tensor&, at::TensorList, at::TensorList)>();
-          at::AutoDispatchBelowAutograd below;
-          return op.call(pred, true_values, false_values);
-        });
+  m.def("select_below_autograd", [](const at::Tensor& pred, const std::vector<at::Tensor>& true_values,
+                                    const std::vector<at::Tensor>& false_values) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("torchcond::select", "")
+                               .typed<std::vector<at::Tensor>(const at::Tensor&, at::TensorList, at::TensorList)>();
+    at::AutoDispatchBelowAutograd below;
+    return op.call(pred, true_values, false_values);
+  });
   m.def("select_n_below_autograd",
         [](const at::Tensor& index, const std::vector<at::Tensor>& cases, int64_t num_branches) {
           static const auto op = c10::Dispatcher::singleton()

@@ -63,15 +63,13 @@ std::string layout_str(c10::Layout layout) {
 }
 
 std::string describe(const at::Tensor& t) {
-  return "shape " + shape_str(t.sym_sizes()) + ", " + dtype_str(t.scalar_type()) + " on " +
-      t.device().str();
+  return "shape " + shape_str(t.sym_sizes()) + ", " + dtype_str(t.scalar_type()) + " on " + t.device().str();
 }
 
 select_plan::SelKind selector_kind(c10::ScalarType t, bool is_bool_select, const char* op, const char* name) {
   using namespace select_plan;
   if (is_bool_select) {
-    TORCH_CHECK_TYPE(
-        t == at::kBool, op, ": ", name, ": expected dtype torch.bool, found ", dtype_str(t));
+    TORCH_CHECK_TYPE(t == at::kBool, op, ": ", name, ": expected dtype torch.bool, found ", dtype_str(t));
     return kSelBool;
   }
   switch (t) {
@@ -84,27 +82,24 @@ select_plan::SelKind selector_kind(c10::ScalarType t, bool is_bool_select, const
     case at::kLong: return kSelI64;
     case at::kUInt64: return kSelU64;
     default:
-      TORCH_CHECK_TYPE(
-          false, op, ": ", name, ": expected an integer dtype, found ", dtype_str(t),
-          " (int8/16/32/64 and uint8/16/32/64 are accepted)");
+      TORCH_CHECK_TYPE(false, op, ": ", name, ": expected an integer dtype, found ", dtype_str(t),
+                       " (int8/16/32/64 and uint8/16/32/64 are accepted)");
   }
   return kSelBool;
 }
 
 void check_strided(const at::Tensor& t, const char* op, const std::string& label) {
-  TORCH_CHECK_TYPE(
-      t.layout() == at::kStrided, op, ": ", label, ": expected a dense (torch.strided) tensor, found layout ",
-      layout_str(t.layout()), "; convert it with .to_dense() first");
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, op, ": ", label,
+                   ": expected a dense (torch.strided) tensor, found layout ", layout_str(t.layout()),
+                   "; convert it with .to_dense() first");
 }
 
 // Checks select/select_n's arguments (see select_common.h) and returns the selector's
 // kind. `branches[k][i]` is branch k's value for output i; `is_bool_select`: select
 // (bool pred; branch 0 is true_values, branch 1 false_values) rather than select_n
 // (integer index).
-select_plan::SelKind check_branches(
-    const at::Tensor& selector,
-    const std::vector<at::TensorList>& branches,
-    bool is_bool_select) {
+select_plan::SelKind check_branches(const at::Tensor& selector, const std::vector<at::TensorList>& branches,
+                                    bool is_bool_select) {
   const char* op = is_bool_select ? "torchcond::select" : "torchcond::select_n";
   const char* sel_name = is_bool_select ? "pred" : "index";
   const int64_t num_branches = static_cast<int64_t>(branches.size());
@@ -130,25 +125,23 @@ select_plan::SelKind check_branches(
     for (int64_t k = 1; k < num_branches; ++k) {
       const at::Tensor& v = branches[k][i];
       check_strided(v, op, label(k, i));
-      TORCH_CHECK_VALUE(
-          v.sym_sizes() == sizes && v.scalar_type() == ref.scalar_type() && v.device() == ref_device, op, ": ",
-          label(k, i), ": expected ", describe(ref), " (as ", label(0, i), "), found ", describe(v));
+      TORCH_CHECK_VALUE(v.sym_sizes() == sizes && v.scalar_type() == ref.scalar_type() && v.device() == ref_device, op,
+                        ": ", label(k, i), ": expected ", describe(ref), " (as ", label(0, i), "), found ",
+                        describe(v));
     }
-    TORCH_CHECK_VALUE(
-        ref_device == device, op, ": ", label(0, i), ": expected a tensor on ", device, " (the device of ",
-        label(0, 0), "; every value must be on one device), found one on ", ref_device);
+    TORCH_CHECK_VALUE(ref_device == device, op, ": ", label(0, i), ": expected a tensor on ", device,
+                      " (the device of ", label(0, 0), "; every value must be on one device), found one on ",
+                      ref_device);
     bool prefix = sel_dim <= static_cast<int64_t>(sizes.size());
     for (int64_t d = 0; prefix && d < sel_dim; ++d) prefix = sel_sizes[d] == sizes[d];
-    TORCH_CHECK_VALUE(
-        prefix, op, ": ", sel_name, ": expected a 0-d tensor or one whose shape is a prefix of every ",
-        "value's shape; its shape ", shape_str(sel_sizes), " is not a prefix of ", first, "[", i, "]'s shape ",
-        shape_str(sizes));
+    TORCH_CHECK_VALUE(prefix, op, ": ", sel_name, ": expected a 0-d tensor or one whose shape is a prefix of every ",
+                      "value's shape; its shape ", shape_str(sel_sizes), " is not a prefix of ", first, "[", i,
+                      "]'s shape ", shape_str(sizes));
     // A 0-d CPU selector goes with values on any device: it is read on the host,
     // which costs no device sync.
-    TORCH_CHECK_VALUE(
-        ref_device == sel_device || (sel_dim == 0 && sel_device.is_cpu()), op, ": ", sel_name,
-        ": expected a tensor on ", ref_device, " (the device of ", label(0, i),
-        ") or a 0-d CPU tensor, found shape ", shape_str(sel_sizes), " on ", sel_device);
+    TORCH_CHECK_VALUE(ref_device == sel_device || (sel_dim == 0 && sel_device.is_cpu()), op, ": ", sel_name,
+                      ": expected a tensor on ", ref_device, " (the device of ", label(0, i),
+                      ") or a 0-d CPU tensor, found shape ", shape_str(sel_sizes), " on ", sel_device);
   }
   return kind;
 }
@@ -164,22 +157,21 @@ std::vector<at::TensorList> split_cases(at::TensorList cases, int64_t num_branch
 void check_num_branches(at::TensorList cases, int64_t num_branches) {
   const char* op = "torchcond::select_n";
   TORCH_CHECK_VALUE(num_branches >= 1, op, ": num_branches: expected at least 1, found ", num_branches);
-  TORCH_CHECK_VALUE(
-      static_cast<int64_t>(cases.size()) % num_branches == 0, op, ": cases: expected a multiple of num_branches (",
-      num_branches, ") tensors, branch-major (cases[k * n_out + i] is branch k's output i); found ", cases.size(),
-      " tensors");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(cases.size()) % num_branches == 0, op,
+                    ": cases: expected a multiple of num_branches (", num_branches,
+                    ") tensors, branch-major (cases[k * n_out + i] is branch k's output i); found ", cases.size(),
+                    " tensors");
 }
 
 void check_pairs(at::TensorList true_values, at::TensorList false_values) {
-  TORCH_CHECK_VALUE(
-      true_values.size() == false_values.size(), "torchcond::select: true_values has ", true_values.size(),
-      " tensors, false_values has ", false_values.size(),
-      "; they must pair up (one true and one false value per output)");
+  TORCH_CHECK_VALUE(true_values.size() == false_values.size(), "torchcond::select: true_values has ",
+                    true_values.size(), " tensors, false_values has ", false_values.size(),
+                    "; they must pair up (one true and one false value per output)");
 }
 
 // Allocates the outputs and plans each non-empty one; the arguments are checked.
-SelectCall plan_select(
-    const at::Tensor& selector, std::vector<at::TensorList> branches, select_plan::SelKind sel_kind) {
+SelectCall plan_select(const at::Tensor& selector, std::vector<at::TensorList> branches,
+                       select_plan::SelKind sel_kind) {
   const int64_t num_branches = static_cast<int64_t>(branches.size());
   const int64_t n_out = static_cast<int64_t>(branches[0].size());
   SelectCall call;
@@ -207,9 +199,9 @@ SelectCall plan_select(
     w.itemsize = static_cast<int64_t>(ref.element_size());
     w.layout = call.arena.size();
     w.array_len = rank > 0 ? static_cast<int>(rank) : 1;
-    w.ndim = select_plan::coalesce_into(
-        call.arena, static_cast<int>(rank), sizes.data(), static_cast<int>(sel_dim), sel_strides.data(),
-        num_branches, [&](int64_t k) { return branches[k][i].strides().data(); });
+    w.ndim = select_plan::coalesce_into(call.arena, static_cast<int>(rank), sizes.data(), static_cast<int>(sel_dim),
+                                        sel_strides.data(), num_branches,
+                                        [&](int64_t k) { return branches[k][i].strides().data(); });
     call.work.push_back(std::move(w));
   }
   call.branches = std::move(branches);

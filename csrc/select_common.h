@@ -16,11 +16,11 @@
 namespace torchcond {
 
 struct SelectOutput {
-  int64_t index;                            // which output of the op
-  at::Tensor out;                           // fresh, contiguous
-  size_t layout;                            // offset of its layout in SelectCall::arena
-  int ndim;                                 // coalesced rank
-  int array_len;                            // length of each of the layout's arrays
+  int64_t index;   // which output of the op
+  at::Tensor out;  // fresh, contiguous
+  size_t layout;   // offset of its layout in SelectCall::arena
+  int ndim;        // coalesced rank
+  int array_len;   // length of each of the layout's arrays
   int64_t itemsize;
 };
 
@@ -28,10 +28,10 @@ struct SelectCall {
   at::Tensor selector;
   select_plan::SelKind sel_kind = select_plan::kSelBool;
   int64_t num_branches;
-  std::vector<at::TensorList> branches;     // branches[k][i]: branch k's value for output i
-  std::vector<at::Tensor> outputs;          // every output, empty ones included
-  std::vector<SelectOutput> work;           // only the non-empty outputs
-  std::vector<int64_t> arena;               // every layout (see select_plan::LayoutRef)
+  std::vector<at::TensorList> branches;  // branches[k][i]: branch k's value for output i
+  std::vector<at::Tensor> outputs;       // every output, empty ones included
+  std::vector<SelectOutput> work;        // only the non-empty outputs
+  std::vector<int64_t> arena;            // every layout (see select_plan::LayoutRef)
 
   const at::Tensor& value(int64_t k, const SelectOutput& w) const { return branches[k][w.index]; }
   select_plan::LayoutRef layout(const SelectOutput& w) const {

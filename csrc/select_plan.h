@@ -37,7 +37,8 @@ enum SelKind : int32_t {
   kSelU64 = 8,
 };
 
-// Read a selector element and clamp it into [0, num_branches).
+// Read a selector element and clamp it into [0, num_branches): switch's index rule
+// (torchcond/_src/forms.py, clamp_index), per element.
 #if defined(__CUDACC__)
 #define TORCHCOND_HD __host__ __device__ __forceinline__
 #else
@@ -54,22 +55,14 @@ TORCHCOND_HD int64_t clamp_branch_unsigned(uint64_t v, int64_t num_branches) {
 
 TORCHCOND_HD int64_t read_branch(SelKind kind, const void* p, int64_t num_branches) {
   switch (kind) {
-    case kSelBool:
-      return *static_cast<const uint8_t*>(p) != 0 ? 0 : 1;
-    case kSelU8:
-      return clamp_branch_unsigned(*static_cast<const uint8_t*>(p), num_branches);
-    case kSelI8:
-      return clamp_branch(*static_cast<const int8_t*>(p), num_branches);
-    case kSelI16:
-      return clamp_branch(*static_cast<const int16_t*>(p), num_branches);
-    case kSelU16:
-      return clamp_branch_unsigned(*static_cast<const uint16_t*>(p), num_branches);
-    case kSelI32:
-      return clamp_branch(*static_cast<const int32_t*>(p), num_branches);
-    case kSelU32:
-      return clamp_branch_unsigned(*static_cast<const uint32_t*>(p), num_branches);
-    case kSelI64:
-      return clamp_branch(*static_cast<const int64_t*>(p), num_branches);
+    case kSelBool: return *static_cast<const uint8_t*>(p) != 0 ? 0 : 1;
+    case kSelU8: return clamp_branch_unsigned(*static_cast<const uint8_t*>(p), num_branches);
+    case kSelI8: return clamp_branch(*static_cast<const int8_t*>(p), num_branches);
+    case kSelI16: return clamp_branch(*static_cast<const int16_t*>(p), num_branches);
+    case kSelU16: return clamp_branch_unsigned(*static_cast<const uint16_t*>(p), num_branches);
+    case kSelI32: return clamp_branch(*static_cast<const int32_t*>(p), num_branches);
+    case kSelU32: return clamp_branch_unsigned(*static_cast<const uint32_t*>(p), num_branches);
+    case kSelI64: return clamp_branch(*static_cast<const int64_t*>(p), num_branches);
     default:  // kSelU64
       return clamp_branch_unsigned(*static_cast<const uint64_t*>(p), num_branches);
   }
@@ -97,8 +90,8 @@ struct LayoutRef {
 // `sel_strides`: the selector's sel_dim strides (the selector is broadcast over the
 // trailing dims with stride 0). `branch_strides(b)`: branch b's rank strides.
 template <typename BranchStrides>
-int coalesce_into(std::vector<int64_t>& arena, int rank, const int64_t* sizes, int sel_dim,
-                  const int64_t* sel_strides, int64_t num_branches, BranchStrides branch_strides) {
+int coalesce_into(std::vector<int64_t>& arena, int rank, const int64_t* sizes, int sel_dim, const int64_t* sel_strides,
+                  int64_t num_branches, BranchStrides branch_strides) {
   const int array_len = rank > 0 ? rank : 1;
   const size_t at = arena.size();
   arena.resize(at + static_cast<size_t>((2 + num_branches) * array_len), 0);

@@ -582,6 +582,17 @@ def test_a_traced_gradient_runs_a_custom_functions_own_backward(mode):
     assert_grads_equal(gm(leaf(POS)), (torch.full_like(POS, 3.0),))
 
 
+def test_a_derivative_outside_the_forwards_trace_through_a_custom_function_is_refused():
+    # The traced forward holds the Function's forward ops, not its backward; a second
+    # trace that differentiates it has only that graph, not the user's branch.
+    gm = make_fx(lambda x: cond(x.sum() > 0, rounded, lambda a: a.sin(), (x,)))(leaf(POS))
+    with pytest.raises(
+        torchcond.UnsupportedCondError,
+        match=r"custom torch.autograd.Function.*outside the make_fx trace",
+    ):
+        make_fx(lambda x: torch.autograd.grad(gm(x).sum(), x))(leaf(POS))
+
+
 def test_aot_function_runs_a_custom_functions_own_backward():
     from functorch.compile import aot_function, make_boxed_func
 

@@ -45,11 +45,11 @@ struct CpuOutput {
   int64_t numel;
   int64_t itemsize;
   int ndim;
-  const int64_t* sizes;          // coalesced layout (select_plan::LayoutRef), strides in elements
+  const int64_t* sizes;  // coalesced layout (select_plan::LayoutRef), strides in elements
   const int64_t* sel_strides;
-  const int64_t* branch_strides; // branch b's strides at branch_strides + b * array_len
+  const int64_t* branch_strides;  // branch b's strides at branch_strides + b * array_len
   int array_len;
-  const char* const* ptrs;       // data pointer of each branch's value
+  const char* const* ptrs;  // data pointer of each branch's value
   bool sel_const_per_line;
 };
 
@@ -138,8 +138,8 @@ inline void branches_of(int32_t* out, const char* sel, int64_t stride, int64_t n
   }
 }
 
-inline void branches_of_kind(
-    select_plan::SelKind kind, int32_t* out, const char* sel, int64_t stride, int64_t n, int64_t num_branches) {
+inline void branches_of_kind(select_plan::SelKind kind, int32_t* out, const char* sel, int64_t stride, int64_t n,
+                             int64_t num_branches) {
   using namespace select_plan;
   switch (kind) {
     case kSelBool: branches_of<uint8_t>(out, sel, stride, n, num_branches, true); break;

@@ -53,10 +53,11 @@ std::vector<at::Tensor> run_cuda(SelectCall call) {
   c10::cuda::CUDAGuard guard(device);
   const DeviceFacts facts = device_facts(device.index());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  tcs::launch_select(call, facts.sm_count, facts.blocks_per_sm, [stream](const tcs::LaunchParams& p, unsigned int grid) {
-    tcs::select_kernel<<<grid, tcs::kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  tcs::launch_select(call, facts.sm_count, facts.blocks_per_sm,
+                     [stream](const tcs::LaunchParams& p, unsigned int grid) {
+                       tcs::select_kernel<<<grid, tcs::kThreads, 0, stream>>>(p);
+                       C10_CUDA_KERNEL_LAUNCH_CHECK();
+                     });
   return std::move(call.outputs);
 }
 

@@ -82,20 +82,20 @@
 namespace torchcond {
 namespace TORCHCOND_CUDA_SELECT_NS {
 
-constexpr int kThreads = 256;              // every launch uses blocks of kThreads
+constexpr int kThreads = 256;  // every launch uses blocks of kThreads
 constexpr int kMaxOutputs = 24;
 constexpr int kPoolWords = 256;
-constexpr int kInFlight = 4;               // independent loads per thread per round
-constexpr int kVectorsInFlight = 2;        // vector plan: 16-byte vectors of each branch per round
-constexpr int64_t kTileBytes = 16384;      // output bytes per tile (rows, line, vector)
-constexpr int64_t kMinTileBytes = 8192;    // small calls: tiles shrink down to this
-constexpr int64_t kLineModeMinBytes = 512; // shorter strided lines use the element plan
+constexpr int kInFlight = 4;                            // independent loads per thread per round
+constexpr int kVectorsInFlight = 2;                     // vector plan: 16-byte vectors of each branch per round
+constexpr int64_t kTileBytes = 16384;                   // output bytes per tile (rows, line, vector)
+constexpr int64_t kMinTileBytes = 8192;                 // small calls: tiles shrink down to this
+constexpr int64_t kLineModeMinBytes = 512;              // shorter strided lines use the element plan
 constexpr int64_t kElementTile = kInFlight * kThreads;  // element plan: one round per tile
 
 enum Mode : int32_t { kLineMode = 0, kElementMode = 1, kRowsMode = 2, kVectorMode = 3 };
 
 struct OutputDesc {
-  char* out;               // contiguous output
+  char* out;  // contiguous output
   int64_t numel;
   int64_t tile_begin;      // first tile of this output in the launch's numbering
   int64_t line_len;        // size of the innermost coalesced dim
@@ -108,16 +108,16 @@ struct OutputDesc {
   int32_t mode;            // Mode
   int32_t branch_lo;       // branches this launch writes: [branch_lo, branch_hi)
   int32_t branch_hi;
-  int32_t pool;            // offset in LaunchParams::pool of: sizes[ndim],
-                           // sel_strides[ndim] (selector elements), then for each
-                           // branch in the window: data pointer, strides[ndim] (elements)
-  int32_t access;          // rows: bytes per access; vector: bytes per vector (16 or itemsize)
-  int32_t sel_vector;      // vector: 1 when a vector's selector bytes are one aligned load
+  int32_t pool;        // offset in LaunchParams::pool of: sizes[ndim],
+                       // sel_strides[ndim] (selector elements), then for each
+                       // branch in the window: data pointer, strides[ndim] (elements)
+  int32_t access;      // rows: bytes per access; vector: bytes per vector (16 or itemsize)
+  int32_t sel_vector;  // vector: 1 when a vector's selector bytes are one aligned load
 };
 
 struct LaunchParams {
-  const char* sel;         // device selector; nullptr: sel_value holds the branch
-  int64_t sel_value;       // branch of a CPU 0-d selector, read on the host
+  const char* sel;    // device selector; nullptr: sel_value holds the branch
+  int64_t sel_value;  // branch of a CPU 0-d selector, read on the host
   int64_t num_branches;
   int64_t total_tiles;
   select_plan::SelKind sel_kind;
@@ -132,9 +132,7 @@ static_assert(sizeof(OutputDesc) == 80, "24 descriptors and the pool must fit in
 static_assert(sizeof(LaunchParams) <= 4096, "kernel parameters must fit in 4 KB");
 
 // Pool words one output needs for `window` branches at coalesced rank `ndim`.
-__host__ __device__ constexpr int pool_words(int ndim, int window) {
-  return 2 * ndim + window * (1 + ndim);
-}
+__host__ __device__ constexpr int pool_words(int ndim, int window) { return 2 * ndim + window * (1 + ndim); }
 
 namespace detail {
 
@@ -165,19 +163,29 @@ __device__ __forceinline__ void store(char* address, const T& value) {
 template <int kBytes>
 struct ItemOf;
 template <>
-struct ItemOf<1> { using type = uint8_t; };
+struct ItemOf<1> {
+  using type = uint8_t;
+};
 template <>
-struct ItemOf<2> { using type = uint16_t; };
+struct ItemOf<2> {
+  using type = uint16_t;
+};
 template <>
-struct ItemOf<4> { using type = uint32_t; };
+struct ItemOf<4> {
+  using type = uint32_t;
+};
 template <>
-struct ItemOf<8> { using type = uint2; };
+struct ItemOf<8> {
+  using type = uint2;
+};
 template <>
-struct ItemOf<16> { using type = uint4; };
+struct ItemOf<16> {
+  using type = uint4;
+};
 
 template <typename T>
 __device__ __forceinline__ void copy_units(char* dst, const char* src, int nunits) {
-TORCHCOND_ROLLED
+  TORCHCOND_ROLLED
   for (int k = 0; k < nunits; ++k) {
     store<T>(dst + k * sizeof(T), load<T>(src + k * sizeof(T)));
   }
@@ -207,15 +215,15 @@ __device__ __forceinline__ void block_copy_aligned(char* dst, const char* src, i
   const int32_t body = (nbytes - head) / W;
   char* body_dst = dst + head;
   const char* body_src = src + head;
-TORCHCOND_ROLLED
+  TORCHCOND_ROLLED
   for (int32_t first = threadIdx.x; first < body; first += kInFlight * kThreads) {
     V held[kInFlight] = {};  // zeros where nothing is loaded: no value lives across rounds
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kInFlight; ++k) {
       const int32_t unit = first + k * kThreads;
       if (unit < body) held[k] = load<V>(body_src + unit * W);
     }
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kInFlight; ++k) {
       const int32_t unit = first + k * kThreads;
       if (unit < body) store<V>(body_dst + unit * W, held[k]);
@@ -348,7 +356,7 @@ __device__ __forceinline__ void line_tile(const LaunchParams& p, const OutputDes
   if (inner_stride == 1) {
     block_copy(dst, src, static_cast<int32_t>(count * itemsize));
   } else {
-TORCHCOND_ROLLED
+    TORCHCOND_ROLLED
     for (int64_t j = threadIdx.x; j < count; j += kThreads) {
       copy_element(dst + j * itemsize, src + j * inner_stride * itemsize, d.itemsize, d.unit);
     }
@@ -373,10 +381,10 @@ __device__ __forceinline__ void rows_tile(const LaunchParams& p, const OutputDes
   const int32_t per_line = line_bytes / static_cast<int32_t>(sizeof(V));
   const int32_t accesses = lines * per_line;  // at most kTileBytes / sizeof(V)
   char* tile_out = d.out + first_line * line_bytes;
-TORCHCOND_ROLLED
+  TORCHCOND_ROLLED
   for (int32_t first = threadIdx.x; first < accesses; first += kInFlight * kThreads) {
     uint64_t bits[kInFlight] = {};
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kInFlight; ++k) {
       const int32_t access = first + k * kThreads;
       if (access < accesses) {
@@ -386,7 +394,7 @@ TORCHCOND_UNROLL
     }
     V held[kInFlight] = {};
     uint32_t loaded = 0;  // bit k: access k was loaded (in range, its branch in the window)
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kInFlight; ++k) {
       const int32_t access = first + k * kThreads;
       if (access >= accesses) continue;
@@ -398,7 +406,7 @@ TORCHCOND_UNROLL
       held[k] = load<V>(entry_base(entry) + start + static_cast<int64_t>(access - row * per_line) * sizeof(V));
       loaded |= 1u << k;
     }
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kInFlight; ++k) {
       if ((loaded >> k) & 1) store<V>(tile_out + static_cast<int64_t>(first + k * kThreads) * sizeof(V), held[k]);
     }
@@ -458,7 +466,7 @@ __device__ __forceinline__ SelectorMasks<kCount> masks_of_bytes(const char* sel)
 
 template <int kCount>
 __device__ __forceinline__ void decode_bytes(const LaunchParams& p, SelectorMasks<kCount>& masks) {
-TORCHCOND_UNROLL
+  TORCHCOND_UNROLL
   for (int w = 0; w < SelectorMasks<kCount>::kWords; ++w) masks.words[w] = first_bytes(p.sel_kind, masks.words[w]);
 }
 
@@ -484,13 +492,13 @@ template <typename T, int kCount>
 __device__ __forceinline__ SelectorMasks<kCount> masks_of_reads(const LaunchParams& p, int64_t element) {
   const char* sel = p.sel + element * static_cast<int64_t>(sizeof(T));
   SelectorMasks<kCount> masks;
-TORCHCOND_UNROLL
+  TORCHCOND_UNROLL
   for (int group = 0; group < kCount; group += kSelectorReads) {
     T values[kSelectorReads] = {};
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int j = 0; j < kSelectorReads && group + j < kCount; ++j) values[j] = load<T>(sel + (group + j) * sizeof(T));
     uint32_t word = 0;
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int j = 0; j < kSelectorReads && group + j < kCount; ++j) {
       word |= (takes_first(p.sel_kind, values[j]) ? 0xffu : 0u) << (8 * j);
     }
@@ -560,11 +568,11 @@ __device__ __forceinline__ void vector_tile(const LaunchParams& p, const OutputD
   const int64_t vectors = d.numel / kCount;
   const int64_t begin = local * d.tile_size;
   const int64_t end = min(begin + d.tile_size, vectors);
-TORCHCOND_ROLLED
+  TORCHCOND_ROLLED
   for (int64_t first = begin + threadIdx.x; first < end; first += kLoads * kThreads) {
     SelectorMasks<kCount> masks[kLoads] = {};
     Vector taken[kLoads] = {}, other[kLoads] = {};
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kLoads; ++k) {
       const int64_t vector = first + k * kThreads;
       if (vector >= end) continue;
@@ -572,7 +580,7 @@ TORCHCOND_UNROLL
       taken[k] = load<Vector>(first_branch + vector * kVectorBytes);
       other[k] = load<Vector>(second_branch + vector * kVectorBytes);
     }
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kLoads; ++k) {
       const int64_t vector = first + k * kThreads;
       if (vector >= end) continue;
@@ -608,17 +616,17 @@ __device__ __forceinline__ void element_tile(const LaunchParams& p, const Output
   const int64_t* sel_strides = sizes + nd;
   const int64_t begin = local * d.tile_size;
   const int64_t end = min(begin + d.tile_size, d.numel);
-TORCHCOND_ROLLED
+  TORCHCOND_ROLLED
   for (int64_t first = begin + threadIdx.x; first < end; first += kLoads * kThreads) {
     uint64_t bits[kLoads] = {};
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kLoads; ++k) {
       const int64_t element = first + k * kThreads;
       if (element < end) bits[k] = selector_bits(p, offset_of<I>(static_cast<I>(element), sizes, sel_strides, nd));
     }
     Item held[kLoads] = {};
     uint32_t loaded = 0;  // bit k: element k was loaded (in range, its branch in the window)
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kLoads; ++k) {
       const int64_t element = first + k * kThreads;
       if (element >= end) continue;
@@ -629,7 +637,7 @@ TORCHCOND_UNROLL
       held[k] = load<Item>(entry_base(entry) + offset * static_cast<int64_t>(sizeof(Item)));
       loaded |= 1u << k;
     }
-TORCHCOND_UNROLL
+    TORCHCOND_UNROLL
     for (int k = 0; k < kLoads; ++k) {
       const int64_t element = first + k * kThreads;
       if ((loaded >> k) & 1) store<Item>(d.out + element * static_cast<int64_t>(sizeof(Item)), held[k]);
@@ -647,7 +655,7 @@ __device__ __forceinline__ void unaligned_element_tile(const LaunchParams& p, co
   const int64_t begin = local * d.tile_size;
   const int64_t end = min(begin + d.tile_size, d.numel);
   const int64_t itemsize = d.itemsize;
-TORCHCOND_ROLLED
+  TORCHCOND_ROLLED
   for (int64_t element = begin + threadIdx.x; element < end; element += kThreads) {
     const int64_t branch = branch_at(p, offset_of<I>(static_cast<I>(element), sizes, sel_strides, nd));
     if (!in_window(d, branch)) continue;

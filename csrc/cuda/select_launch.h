@@ -71,9 +71,8 @@ class Launcher {
     const int64_t num_branches = call.num_branches;
     const select_plan::LayoutRef layout = call.layout(w);
     const int nd = layout.ndim;
-    TORCH_CHECK(
-        pool_words(nd, 1) <= kPoolWords, "torchcond::select (CUDA): output ", w.index, " has ", nd,
-        " dimensions after merging contiguous ones; at most ", (kPoolWords - 1) / 3, " are supported");
+    TORCH_CHECK(pool_words(nd, 1) <= kPoolWords, "torchcond::select (CUDA): output ", w.index, " has ", nd,
+                " dimensions after merging contiguous ones; at most ", (kPoolWords - 1) / 3, " are supported");
     OutputDesc d{};
     d.out = static_cast<char*>(w.out.data_ptr());
     d.numel = w.out.numel();

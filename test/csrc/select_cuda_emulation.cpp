@@ -39,8 +39,8 @@ void run_emulated_launch(const tcs::LaunchParams& p, unsigned int grid) {
 // Returns the outputs, then a 0-d int64 tensor: the number of launches, then the plans:
 // an int64 tensor with one row per descriptor, in launch order: mode, access,
 // tile_size, sel_vector, grid (the blocks of its launch).
-std::vector<at::Tensor> select_cuda_emulated(
-    const at::Tensor& selector, at::TensorList cases, int64_t num_branches, bool is_bool, int64_t sm_count) {
+std::vector<at::Tensor> select_cuda_emulated(const at::Tensor& selector, at::TensorList cases, int64_t num_branches,
+                                             bool is_bool, int64_t sm_count) {
   TORCH_CHECK(!is_bool || num_branches == 2, "select_cuda_emulated: is_bool needs num_branches == 2");
   TORCH_CHECK(sm_count >= 1, "select_cuda_emulated: sm_count must be at least 1");
   const size_t half = cases.size() / 2;
@@ -54,8 +54,7 @@ std::vector<at::Tensor> select_cuda_emulated(
     }
     run_emulated_launch(p, grid);
   };
-  const int64_t launches =
-      tcs::launch_select(call, static_cast<int>(sm_count), kEmulatedBlocksPerSM, launch);
+  const int64_t launches = tcs::launch_select(call, static_cast<int>(sm_count), kEmulatedBlocksPerSM, launch);
   std::vector<at::Tensor> result = std::move(call.outputs);
   result.push_back(at::scalar_tensor(launches, at::kLong));
   const int64_t rows = static_cast<int64_t>(plans.size()) / kPlanFields;
@@ -73,8 +72,6 @@ TORCH_LIBRARY(torchcond_testing, m) {
       "-> Tensor[]");
 }
 
-TORCH_LIBRARY_IMPL(torchcond_testing, CPU, m) {
-  m.impl("select_cuda_emulated", &select_cuda_emulated);
-}
+TORCH_LIBRARY_IMPL(torchcond_testing, CPU, m) { m.impl("select_cuda_emulated", &select_cuda_emulated); }
 
 }  // namespace torchcond

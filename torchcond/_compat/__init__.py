@@ -9,6 +9,9 @@ When torch moves one of them, this module is the only file that changes.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -499,10 +502,44 @@ def trace_inner(sub, fn: Callable, args: tuple) -> torch.fx.GraphModule:
         return sub._trace_inner(run_with_interpreter(fn), *args)
 
 
-def keep_stack_frames(fx_tracer, keep: Callable) -> None:
-    """Nodes record stack traces, made of the frames ``keep(frames)`` returns."""
+# --- stack traces: the user's frames ---------------------------------------------
+# A node's stack trace should point at the user's lines (a branch's code, the call of
+# cond), not at the libraries in between. make_fx hands over frames (keep_stack_frames),
+# dynamo a formatted text (user_stack_trace); both keep what is_user_file says.
+
+_LIBRARY_DIRS = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # torchcond
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,  # torch
+)
+_FRAME = re.compile(r'^  File "(?P<file>[^"]*)"', re.MULTILINE)
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether a frame in ``filename`` is user code: neither torch's, torchcond's nor
+    fx-generated (a GraphModule's forward)."""
+    if filename.startswith("<eval_with_key>"):  # fx's generated forward
+        return False
+    return not os.path.abspath(filename).startswith(_LIBRARY_DIRS)
+
+
+def _user_frames(stack) -> traceback.StackSummary:
+    return traceback.StackSummary.from_list([f for f in stack if is_user_file(f.filename)])
+
+
+def keep_stack_frames(fx_tracer) -> None:
+    """Nodes record stack traces, made of the user's frames only."""
     fx_tracer.record_stack_traces = True
-    fx_tracer._filter_traceback_frames = keep
+    fx_tracer._filter_traceback_frames = _user_frames
+
+
+def user_stack_trace(stack_trace: str) -> str:
+    """``stack_trace`` (as ``traceback`` formats it) with the user's frames only."""
+    frames = list(_FRAME.finditer(stack_trace))
+    if not frames:
+        return stack_trace
+    ends = [m.start() for m in frames[1:]] + [len(stack_trace)]
+    kept = [stack_trace[m.start() : end] for m, end in zip(frames, ends) if is_user_file(m["file"])]
+    return stack_trace[: frames[0].start()] + "".join(kept)
 
 
 def make_fx_keeping_detach(fn: Callable, args: tuple) -> torch.fx.GraphModule:

@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
-import re
-import warnings
 from typing import Any, NoReturn
 
 import torch
 import torch.utils._pytree as pytree
 
 from ..errors import CondError
+from . import user_stack_trace
 from .after_import import when_imported
 
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
@@ -100,10 +98,11 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
 def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
-    ``forms`` maps each operator to ``(taken, labels)``: ``taken(constant_selector, n)
-    -> branch index``, used when dynamo sees a constant selector and inlines that
-    branch (it raises a ``CondError`` for a constant that is no selector), and
-    ``labels(n)``, the branches' names in messages.
+    ``forms`` maps each operator to ``(taken, labels, warn_if_exporting)``:
+    ``taken(constant_selector, n) -> branch index``, used when dynamo sees a constant
+    selector and inlines that branch (it raises a ``CondError`` for a constant that is
+    no selector), ``labels(n)``, the branches' names in messages, and
+    ``warn_if_exporting(constant_selector)``, the warning that export keeps that branch only.
     ``check_outputs(per_branch_outputs, labels, out_spec)`` raises, naming the output
     path, when the speculated branches' outputs cannot be one operator's outputs.
     ``state_rules`` (``_src/state.py``): what a branch may change outside itself, and
@@ -117,14 +116,21 @@ def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
 
 def _register(hop, forms: dict, check_outputs, state_rules, number_rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
-    for op, (taken, labels) in forms.items():
+    for op, (taken, labels, warn_if_exporting) in forms.items():
         registry[op.name()] = _conditional_variable_class(
-            hop, op.name(), taken, labels, check_outputs, state_rules, number_rules
+            hop,
+            op.name(),
+            taken,
+            labels,
+            warn_if_exporting,
+            check_outputs,
+            state_rules,
+            number_rules,
         )
 
 
 def _conditional_variable_class(
-    hop, op_name: str, taken, labels, check_outputs, state_rules, number_rules
+    hop, op_name: str, taken, labels, warn_if_exporting, check_outputs, state_rules, number_rules
 ):
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
@@ -184,8 +190,9 @@ def _conditional_variable_class(
         def _call_function(self, tx, args, kwargs):
             v = variables()
             args, kwargs = v.lazy.LazyVariableTracker.realize_all((args, kwargs))
-            # ``may_write=False``: only dynamo sees this keyword (api's select path),
-            # for branches that all run, taken or not, so may not write outside.
+            # ``may_write=False``: a keyword of this hook, not of the operator (see
+            # api._operator_under_dynamo), for branches that all run, taken or not, so
+            # may not write outside.
             may_write = kwargs.pop("may_write", v.ConstantVariable.create(True))
             # ``closures_read_as``: what a mode that stands in for closed-over tensors
             # (closures.StandIns) reads them as; it could not be entered in the branches.
@@ -210,7 +217,7 @@ def _conditional_variable_class(
                     index = taken(constant, len(branch_vts))
                 except CondError as error:
                     raise compile_time_error(type(error), str(error)) from None
-                _warn_constant_selector(op_name, constant)
+                warn_if_exporting(constant)
                 branch = branch_vts[index]
                 return branch.call_function(tx, list(operand_vts), {})
             if not isinstance(selector, (v.TensorVariable, v.SymNodeVariable)):
@@ -273,7 +280,7 @@ def _conditional_variable_class(
             node = last.next
             while node is not last and node.op != "root":  # the nodes just emitted
                 if node.stack_trace:
-                    node.stack_trace = _user_frames_only(node.stack_trace)
+                    node.stack_trace = user_stack_trace(node.stack_trace)
                 node = node.next
             return result
 
@@ -716,24 +723,6 @@ def _read_closures_as(tx, read_as, shared: list, operand_vts) -> list:
     return read
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_FRAME = re.compile(r'^  File "', re.MULTILINE)
-
-
-def _user_frames_only(stack_trace: str) -> str:
-    """``stack_trace`` (as ``traceback`` formats it) without torchcond's own frames.
-
-    Dynamo records the frames it is inlining when it emits a node; the innermost is
-    torchcond's entry point, where the user's call is the line that matters.
-    """
-    starts = [m.start() for m in _FRAME.finditer(stack_trace)]
-    if not starts:
-        return stack_trace
-    frames = [stack_trace[a:b] for a, b in zip(starts, [*starts[1:], len(stack_trace)])]
-    kept = [f for f in frames if not f[len('  File "') :].startswith(_PACKAGE_DIR)]
-    return stack_trace[: starts[0]] + "".join(kept)
-
-
 def _number_values(tx, speculated, number_rules) -> None:
     """Where each number a branch returns goes back into the output (the first
     branch's constants, which dynamo puts back), what every branch returned there
@@ -807,14 +796,3 @@ def _python_treespec(spec):
         return treespec.as_python_constant()
     except Exception:  # only used to name output paths in error messages
         return None
-
-
-def _warn_constant_selector(op_name: str, constant) -> None:
-    if torch.compiler.is_exporting():
-        warnings.warn(
-            f"{op_name}: the selector is the Python constant {constant!r}, so only the "
-            "branch it selects is exported. Pass a tensor or a symbolic value to keep "
-            "every branch in the graph.",
-            UserWarning,
-            stacklevel=2,
-        )

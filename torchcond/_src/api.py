@@ -7,7 +7,6 @@ operand pytree and calls the higher-order operator, whose rules live in ``ops.py
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -265,9 +264,18 @@ def _switch_under_dynamo(index, branches, operands, strategy):
         _raise_compiled(type(error), error.args[0])
 
 
-def _operator_under_dynamo(op, selector, labelled_branches, operands, leaves_only=False, **kw):
+def _operator_under_dynamo(
+    op, selector, labelled_branches, operands, leaves_only=False, may_write=True
+):
     """``op`` as dynamo speculates it: flat operands, each branch taking them flat
-    (``pytrees.speculated``); dynamo rebuilds the output."""
+    (``pytrees.speculated``); dynamo rebuilds the output. Called only while dynamo
+    traces: dynamo's hook for the operator (_compat/dynamo.py) runs in place of ``op``.
+
+    ``may_write=False``: the branches all run, taken or not (the select path), so the
+    hook refuses their writes to anything from outside them. It is the hook's keyword,
+    not the operator's, so it is passed only then.
+    """
+    kw = {} if may_write else {"may_write": False}
     spec = None
     if not _tensor_sequence(operands):  # nothing to flatten: no pytree code in the trace
         flat, spec = pytree.tree_flatten(operands)
@@ -295,7 +303,7 @@ def _checked_and_run(form: Form, selector, branches, operands, strategy, check_b
         return _select_path(form, form.normalize(selector, n), labelled, operands, strategy)
     selector = python_scalar(selector)
     if form.is_constant(selector):
-        _warn_if_exporting(form, selector)
+        form.warn_if_exporting(selector, stacklevel=4)
         return _run_concrete(form, labelled, form.taken(selector, n), operands, check_branches)
     if isinstance(selector, torch.Tensor):
         form.check_tensor(selector)
@@ -364,8 +372,8 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
     if _dynamo_compiling():
         # Dynamo inlines the branches below, where no dispatch mode can refuse a write
         # from a branch that runs untaken. Calling the operator makes dynamo speculate
-        # each branch as a subgraph, and ``may_write=False`` (a keyword only dynamo's
-        # hook reads) has it refuse writes to anything from outside it.
+        # each branch as a subgraph, and ``may_write=False`` has it refuse writes to
+        # anything from outside it.
         if _in_subgraph():
             # In a branch dynamo speculates (another conditional's, say), the run below
             # could not enter the mode that reads closed-over tensors: the operator
@@ -397,17 +405,6 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
         selected=True,
         selector=selector,
     )
-
-
-def _warn_if_exporting(form: Form, value) -> None:
-    if _compat.is_exporting():
-        warnings.warn(
-            f"{form.name}: argument '{form.selector_arg}' is the Python constant {value!r}, "
-            f"so only the branch it selects is exported. Pass {form.symbolic_kind} to keep "
-            "every branch in the graph.",
-            UserWarning,
-            stacklevel=4,
-        )
 
 
 # --- validation -----------------------------------------------------------------------

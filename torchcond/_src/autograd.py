@@ -445,7 +445,7 @@ class _Differentiated(torch.fx.Interpreter):
 
     def run_node(self, n):
         if n.meta.get(OWN_BACKWARD):
-            _refuse_own_backward(n, self.fetch_args_kwargs_from_env(n))
+            _refuse_own_backward(n, self.fetch_args_kwargs_from_env(n), self.module)
         if n.meta.get(GRAD_DISABLED):
             with torch.no_grad():
                 out = super().run_node(n)
@@ -463,26 +463,35 @@ class _Differentiated(torch.fx.Interpreter):
         return out
 
 
-def _refuse_own_backward(node, args_kwargs) -> None:
+def _refuse_own_backward(node, args_kwargs, graph) -> None:
     """A custom Function's forward on inputs that need a gradient: refuse, as its
     backward is not in the graph and differentiating the forward ops is not it.
 
     Derivatives come from the user's branch, where the backward runs, except when the
     branch draws random numbers (those derivatives replay the draws in its graph) or
-    when the derivative is taken outside the trace the forward was recorded in.
+    when the derivative is taken outside the trace the forward was recorded in. The
+    message names the one of the two that holds.
     """
     if not any(_requires_grad(v) for v in pytree.tree_leaves(args_kwargs)):
         return
     trace = (node.meta.get("stack_trace") or "").strip().splitlines()
     where = f" at {trace[-2].strip()}" if len(trace) >= 2 else ""
-    raise UnsupportedCondError(
+    what = (
         f"cannot differentiate a traced branch through {node.target}{where}: it ran "
         "inside a custom torch.autograd.Function's forward (or inference_mode), whose "
-        "backward is not in the branch's graph, and this derivative is taken from that "
-        "graph: the branch also draws random numbers, which the derivative replays from "
-        "it, or the derivative is taken outside the make_fx trace that recorded the "
-        "forward. Draw them outside the conditional and pass them in, or differentiate "
-        "eagerly or under torch.compile, which run the Function's own backward."
+        "backward is not in the branch's graph, and this derivative is taken from that graph"
+    )
+    if draws.replays_draws(graph):
+        raise UnsupportedCondError(
+            f"{what}: the branch also draws random numbers, which the derivative replays "
+            "from it. Draw them outside the conditional and pass them in, or differentiate "
+            "eagerly or under torch.compile, which run the Function's own backward."
+        )
+    raise UnsupportedCondError(
+        f"{what}: the derivative is taken outside the make_fx trace that recorded the "
+        "forward. Take it inside that trace (torch.autograd.grad in the traced function), "
+        "or differentiate eagerly or under torch.compile, which run the Function's own "
+        "backward."
     )
 
 

@@ -70,6 +70,15 @@ def saved_for_derivative(branches: Sequence, labels: Sequence[str]) -> Draws | N
     )
 
 
+# GraphModule meta key: the graph replays the forward's draws, given as inputs.
+_REPLAYS_DRAWS = "torchcond_replays_draws"
+
+
+def replays_draws(gm) -> bool:
+    """``gm`` is a branch ``saved_for_derivative`` rewrote to replay its draws."""
+    return isinstance(gm, torch.fx.GraphModule) and bool(gm.meta.get(_REPLAYS_DRAWS))
+
+
 def refuse_redraws(derivative: torch.fx.GraphModule) -> None:
     """A derivative graph that reads a draw would draw anew, not replay the forward's.
 
@@ -240,6 +249,7 @@ def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
 
 def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx.GraphModule:
     copy, env, outputs = _copy(gm)
+    copy.meta[_REPLAYS_DRAWS] = True
     graph = copy.graph
     graph.output(tuple(outputs))
     after_inputs = next(n for n in graph.nodes if n.op != "placeholder")

@@ -9,6 +9,7 @@ are named in a traced module.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -72,6 +73,19 @@ class Form:
         """The branch a Python constant selector takes; ``CondArgumentError`` for a
         constant that is no selector (None, a string, a complex number)."""
         return self.taken(value if self.is_constant(value) else self.normalize(value, n), n)
+
+    def warn_if_exporting(self, value, stacklevel: int = 2) -> None:
+        """While exporting, warn that the Python constant selector ``value`` exports
+        only the branch it takes (``stacklevel`` as ``warnings.warn`` counts it from
+        here: 2 names this method's caller)."""
+        if _compat.is_exporting():
+            warnings.warn(
+                f"{self.name}: argument '{self.selector_arg}' is the Python constant {value!r}, "
+                f"so only the branch it selects is exported. Pass {self.symbolic_kind} to keep "
+                "every branch in the graph.",
+                UserWarning,
+                stacklevel=stacklevel,
+            )
 
     def taken_branch(self, selector, branches: Sequence[Callable]) -> Callable:
         """The branch a concrete selector takes (the operator called with a Python
@@ -209,7 +223,7 @@ def normalize_index(index, n: int):
     Under dynamo a Python int or a SymInt both look like ints.
     """
     if isinstance(index, (_SymInt, int)) and not isinstance(index, bool):
-        return _sym_min(_sym_max(index, 0), n - 1)
+        return _sym_min(_sym_max(index, 0), n - 1)  # clamp_index, kept symbolic
     if not isinstance(index, _Tensor):
         raise CondArgumentError(
             "switch: argument 'index' must be a Python int, a SymInt, or a one-element "
@@ -277,7 +291,21 @@ def check_index_tensor(index: torch.Tensor) -> None:
         )
 
 
+# --- the switch index rule ----------------------------------------------------------
+# An out-of-range index is clamped to [0, n - 1], in every mode: a negative one takes
+# the first branch, a large one the last (as jax.lax.switch). clamp_index is the rule,
+# on a Python int. Where the index is something else, the rule is written again, and
+# each copy names this place:
+#   normalize_index       a SymInt: sym_min/sym_max keep the graph symbolic;
+#   switch_branch_of      a tensor, in every mode (a uint64 past int64 wraps first);
+#   csrc/eager.cpp        taken_case, the eager fast path: in C, no Python call;
+#   csrc/select_plan.h    clamp_branch: per element in select_n's kernels (CPU, CUDA);
+#   _compat/inductor.py   _clamped: Inductor's IR, a tensor or a sympy expression;
+#   _src/to_onnx.py       no clamp: it falls out of the chain of `index < k` tests.
+
+
 def clamp_index(index: int, n: int) -> int:
+    """The branch a concrete index takes (see "the switch index rule" above)."""
     return min(max(index, 0), n - 1)
 
 
@@ -291,7 +319,8 @@ _INT64_MAX = torch.iinfo(torch.int64).max
 
 
 def switch_branch_of(index: torch.Tensor, n: int) -> torch.Tensor:
-    """The index clamped to ``[0, n - 1]`` as int64, in every mode.
+    """The index clamped to ``[0, n - 1]`` as int64, in every mode (``clamp_index``
+    on a tensor).
 
     int64 first: a narrow dtype (uint8, int8) cannot even hold ``n - 1`` for many
     branches. A uint64 value at or above 2**63 wraps to a negative int64; it is large,

@@ -377,7 +377,10 @@ for _form in _FORMS.values():
     _install(_form)
 
 _compat_dynamo.install(
-    {form.op: (form.constant_taken, form.labels) for form in _FORMS.values()},
+    {
+        form.op: (form.constant_taken, form.labels, form.warn_if_exporting)
+        for form in _FORMS.values()
+    },
     _check_named_outputs,
     state,
     numbers,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, NoReturn
@@ -687,26 +686,6 @@ def _marking_grad_disabled_nodes(fx_tracer):
         yield
 
 
-_LIBRARY_DIRS = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # torchcond
-    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,  # torch
-)
-
-
-def _user_frames(stack):
-    """The frames of user code: neither torch's, torchcond's nor fx-generated."""
-    import traceback
-
-    return traceback.StackSummary.from_list(
-        [
-            f
-            for f in stack
-            if not f.filename.startswith("<eval_with_key>")  # fx's generated forward
-            and not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)
-        ]
-    )
-
-
 @contextlib.contextmanager
 def _branch_stack_traces(fx_tracer):
     """Nodes record the branch's own source lines, not the line that called cond.
@@ -717,7 +696,7 @@ def _branch_stack_traces(fx_tracer):
     """
     from torch.fx import traceback as fx_traceback
 
-    _compat.keep_stack_frames(fx_tracer, _user_frames)
+    _compat.keep_stack_frames(fx_tracer)
     saved = fx_traceback.current_meta.pop("stack_trace", None)
     try:
         yield
