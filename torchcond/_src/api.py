@@ -265,17 +265,26 @@ def _switch_under_dynamo(index, branches, operands, strategy):
 
 
 def _operator_under_dynamo(
-    op, selector, labelled_branches, operands, leaves_only=False, may_write=True
+    op,
+    selector,
+    labelled_branches,
+    operands,
+    leaves_only=False,
+    may_write=True,
+    speculate_only=False,
 ):
     """``op`` as dynamo speculates it: flat operands, each branch taking them flat
     (``pytrees.speculated``); dynamo rebuilds the output. Called only while dynamo
     traces: dynamo's hook for the operator (_compat/dynamo.py) runs in place of ``op``.
 
     ``may_write=False``: the branches all run, taken or not (the select path), so the
-    hook refuses their writes to anything from outside them. It is the hook's keyword,
-    not the operator's, so it is passed only then.
+    hook refuses their writes to anything from outside them. ``speculate_only``: the
+    hook checks the branches and emits no node. Both are the hook's keywords, not the
+    operator's, so each is passed only when set.
     """
-    kw = {} if may_write else {"may_write": False}
+    kw: dict = {} if may_write else {"may_write": False}
+    if speculate_only:
+        kw["speculate_only"] = True
     spec = None
     if not _tensor_sequence(operands):  # nothing to flatten: no pytree code in the trace
         flat, spec = pytree.tree_flatten(operands)

@@ -206,9 +206,7 @@ def _gradient_guard(grad_mode: bool, differentiable: bool) -> Callable[[torch.Te
     every floating tensor is masked. torch.compile guards on requires_grad and
     retraces when it changes, so there the tensors that need one now are enough.
     """
-    if _compat.tracing_active() and (
-        not _compat.is_dynamo_compiling() or _compat.is_exporting()
-    ):
+    if _compat.tracing_active() and (not _compat.is_dynamo_compiling() or _compat.is_exporting()):
         return _differentiable_dtype
     if not differentiable:
         return lambda t: False
