@@ -399,9 +399,12 @@ class _ModuleState(_ObjectState):
         return _module_attributes(names, self._builtin)
 
     def changed(self) -> bool:
-        module = self.module
-        return super().changed() or not all(
-            _same_mapping(getattr(module, r), before) for r, before in self.registries.items()
+        module, before = self.module, self.registries
+        return (
+            super().changed()
+            or not _same_mapping(module._parameters, before["_parameters"])
+            or not _same_mapping(module._buffers, before["_buffers"])
+            or not _same_mapping(module._modules, before["_modules"])
         )
 
     def rebound_buffers(self) -> list[str]:
