@@ -465,6 +465,77 @@ def test_a_real_tensor_a_fake_trace_cannot_write_is_left_as_it_was():
     assert steps.item() == 0
 
 
+# --- what a branch reaches, found anew on every call -----------------------------------
+
+
+class Logger(torch.nn.Module):
+    """Appends to its own ``log`` when ``active``."""
+
+    def __init__(self, active: bool = False):
+        super().__init__()
+        self.active = active
+        self.log: list = []
+
+    def note(self) -> None:
+        if self.active:
+            self.log.append(1)
+
+
+GLOBAL_LOGGER = Logger()
+
+CHANGED_BETWEEN_CALLS = {
+    "closure": "true_fn changes target.log (a list)",
+    "global": "true_fn changes GLOBAL_LOGGER.log (a list)",
+    "submodule": "true_fn changes holder.sub.log (a list)",
+    "attribute": "true_fn changes holder.log (a list)",
+}
+
+
+@pytest.mark.parametrize("how", ["select", "vmap"])
+@pytest.mark.parametrize("change", list(CHANGED_BETWEEN_CALLS))
+def test_state_a_branch_reaches_is_found_anew_on_every_call(change, how, monkeypatch):
+    """A call whose branches change nothing, then, between calls, a variable rebound,
+    a submodule or an attribute added: the next call's change to the new state is
+    refused and put back, as on a first call. Nothing the first call found about
+    what the branch reaches may hide it."""
+    noisy = Logger(active=True)
+    holder = torch.nn.Module()
+    target = Logger()
+    monkeypatch.setitem(globals(), "GLOBAL_LOGGER", Logger())
+
+    def true_fn(x):
+        if change == "closure":
+            target.note()
+        elif change == "global":
+            GLOBAL_LOGGER.note()
+        elif change == "submodule":
+            for child in holder.children():
+                child.note()
+        elif hasattr(holder, "log"):
+            holder.log.append(1)
+        return x + 1
+
+    def call(x):
+        if how == "select":
+            return cond(torch.tensor(True), true_fn, lambda x: x - 1, (x,), strategy="select")
+        preds = torch.tensor([True, False])
+        return torch.vmap(lambda p, x: cond(p, true_fn, lambda x: x - 1, (x,)))(preds, x)
+
+    x = torch.ones(2, 3)
+    call(x)  # changes nothing
+    if change == "closure":
+        target = noisy
+    elif change == "global":
+        monkeypatch.setitem(globals(), "GLOBAL_LOGGER", noisy)
+    elif change == "submodule":
+        holder.sub = noisy
+    else:
+        holder.log = []
+    with pytest.raises(BranchMutationError, match=re.escape(CHANGED_BETWEEN_CALLS[change])):
+        call(x)
+    assert noisy.log == [] and getattr(holder, "log", []) == []
+
+
 # --- torch.cond on the same idioms ------------------------------------------------------
 
 

@@ -850,24 +850,29 @@ def modules_untracked(mode):
         tracker._fw_post_handle = register_module_forward_hook(tracker._fw_post_hook)
 
 
-@contextlib.contextmanager
-def only_buffer_registration_hook(hook: Callable):
+class only_buffer_registration_hook:  # a context manager, named as one
     """While active, ``hook(module, name, value)`` is the one global buffer
     registration hook: it sees every buffer a module registers or is assigned, and
     no other hook does (non-strict export's, which maps an assigned buffer to a node
     of the graph being made, would take a branch's node for one of the program's).
     ``torch.nn.modules.module._global_buffer_registration_hooks``, an OrderedDict of
-    hooks by handle id, is the same on 2.11-2.15."""
-    import torch.nn.modules.module as module
+    hooks by handle id, is the same on 2.11-2.15. A class, not a generator: it is
+    entered around every branch that runs untaken, where a generator's cost shows."""
 
-    hooks = module._global_buffer_registration_hooks
-    saved = dict(hooks)
-    hooks.clear()
-    hooks[-1] = hook
-    try:
-        yield
-    finally:
+    __slots__ = ("hook", "saved")
+
+    def __init__(self, hook: Callable):
+        self.hook = hook
+
+    def __enter__(self) -> None:
+        hooks = torch.nn.modules.module._global_buffer_registration_hooks
+        self.saved = dict(hooks)
+        hooks.clear()
+        hooks[-1] = self.hook
+
+    def __exit__(self, *exc) -> None:
+        hooks = torch.nn.modules.module._global_buffer_registration_hooks
         added = {k: v for k, v in hooks.items() if k != -1}  # registered meanwhile
         hooks.clear()
-        hooks.update(saved)
+        hooks.update(self.saved)
         hooks.update(added)

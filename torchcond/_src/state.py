@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import operator
 import types
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -219,9 +220,10 @@ class _Watch:
     def __init__(self, fn: Callable, label: str):
         self.label = label
         self.states = _reachable(fn)
-        self.names = {id(s.module): s.text for s in self.states if isinstance(s, _ModuleState)}
         # (id(module), name) -> (module, name, the buffer before the branch, or _MISSING)
         self.buffers: dict[tuple[int, str], tuple[torch.nn.Module, str, Any]] = {}
+        # The states the branch changed, found once it returns (``changed``).
+        self._changed: list | None = None
 
     def assigned(self, module: torch.nn.Module, name: str, value) -> None:
         """A buffer registration hook: ``module.name = value`` for a buffer."""
@@ -229,10 +231,20 @@ class _Watch:
         if key not in self.buffers:
             self.buffers[key] = (module, name, module._buffers.get(name, _MISSING))
 
+    def changed(self) -> list:
+        """The states that differ from before the branch. Most branches change
+        nothing, and then nothing needs a closer look or putting back."""
+        if self._changed is None:
+            self._changed = [state for state in self.states if state.changed()]
+        return self._changed
+
     def settle(self, under_select: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``(buffer, new value)`` for each buffer the branch assigned; everything the
         branch changed is put back first, and a change no write carries refused."""
-        for state in self.states:
+        changed = self.changed()
+        if not changed and not self.buffers:
+            return []
+        for state in changed:
             if isinstance(state, _ModuleState):
                 for name in state.rebound_buffers():
                     self.buffers.setdefault(
@@ -245,7 +257,7 @@ class _Watch:
                 new = module._buffers.get(name, _MISSING)
                 if new is not old:
                     writes.append(self._buffer_write(module, name, old, new, under_select))
-            for state in self.states:
+            for state in changed:
                 state.check(self.label)
         except BranchMutationError as refused:
             error = refused
@@ -255,7 +267,10 @@ class _Watch:
         return writes
 
     def _buffer_write(self, module, name: str, old, new, under_select: bool):
-        owner = self.names.get(id(module), type(module).__name__)
+        owner = next(
+            (s.text for s in self.states if isinstance(s, _ModuleState) and s.module is module),
+            type(module).__name__,
+        )
         attr = f"{owner}.{name}"
         if old is _MISSING or old is None:
             refuse_registration(self.label, attr, "registers a new buffer")
@@ -272,7 +287,8 @@ class _Watch:
                 module._buffers.pop(name, None)
             else:
                 module._buffers[name] = old
-        for state in self.states:
+        # A state the branch left as it was needs nothing put back.
+        for state in self.changed():
             state.restore()
 
 
@@ -283,16 +299,18 @@ _REGISTRIES = ("_parameters", "_buffers", "_modules")
 _CONTAINERS = (list, dict, set)
 
 
-def _contents(value):
-    return value.copy() if isinstance(value, _CONTAINERS) else None
-
-
 def _same_contents(value, before) -> bool:
     if isinstance(value, dict):
         return value.keys() == before.keys() and all(value[k] is before[k] for k in value)
     if isinstance(value, list):
         return len(value) == len(before) and all(a is b for a, b in zip(value, before))
     return len(value) == len(before) and all(v in before for v in value)
+
+
+def _same_mapping(now: dict, before: dict) -> bool:
+    """The same keys in the same order, each bound to the same object: a C-speed test
+    that is never wrong when it says the same (a reordering merely reads as changed)."""
+    return tuple(now) == tuple(before) and all(map(operator.is_, now.values(), before.values()))
 
 
 def _put_back(value, before) -> None:
@@ -310,14 +328,28 @@ class _ObjectState:
     def __init__(self, text: str, obj):
         self.text = text
         self.obj = obj
-        self.attrs = {k: v for k, v in vars(obj).items() if self._watched(k)}
-        self.contents = {k: _contents(v) for k, v in self.attrs.items()}
+        everything = vars(obj)
+        # The names in ``vars``, bookkeeping included: while they stay, so do the
+        # watched ones, and only their values need comparing (``changed``).
+        self.names = tuple(everything)
+        self.attrs = {k: everything[k] for k in self._watched_names(self.names)}
+        self.contents = {k: v.copy() for k, v in self.attrs.items() if isinstance(v, _CONTAINERS)}
 
-    def _watched(self, name: str) -> bool:
-        return True
+    def _watched_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        return names
 
     def _now(self) -> dict:
-        return {k: v for k, v in vars(self.obj).items() if self._watched(k)}
+        everything = vars(self.obj)
+        return {k: everything[k] for k in self._watched_names(tuple(everything))}
+
+    def changed(self) -> bool:
+        """Whether anything ``check`` or ``restore`` looks at may differ."""
+        now = vars(self.obj)
+        return (
+            tuple(now) != self.names
+            or not all([now[k] is v for k, v in self.attrs.items()])
+            or not all([_same_contents(self.attrs[k], c) for k, c in self.contents.items()])
+        )
 
     def check(self, label: str) -> None:
         now = self._now()
@@ -328,19 +360,27 @@ class _ObjectState:
             value = now[name]
             if name not in self.attrs or value is not self.attrs[name]:
                 refuse_attribute(label, attr, value)
-            before = self.contents[name]
+            before = self.contents.get(name)
             if before is not None and not _same_contents(value, before):
                 refuse_python_state(label, attr, type(value).__name__)
 
     def restore(self) -> None:
         attrs = vars(self.obj)
-        for name in [k for k in attrs if self._watched(k) and k not in self.attrs]:
+        for name in [k for k in self._watched_names(tuple(attrs)) if k not in self.attrs]:
             del attrs[name]
         for name, value in self.attrs.items():
             attrs[name] = value
-            before = self.contents[name]
+            before = self.contents.get(name)
             if before is not None and not _same_contents(value, before):
                 _put_back(value, before)
+
+
+@functools.lru_cache(maxsize=1024)
+def _module_attributes(names: tuple[str, ...], builtin: bool) -> tuple[str, ...]:
+    """Of a module's ``vars`` (``names``), those a branch may not set: not bookkeeping,
+    and for torch's own modules (``builtin``) not private. A module's names rarely
+    change, so this is looked up rather than worked out on every call."""
+    return tuple(k for k in names if k not in _BOOKKEEPING and not (builtin and k[:1] == "_"))
 
 
 class _ModuleState(_ObjectState):
@@ -355,8 +395,17 @@ class _ModuleState(_ObjectState):
         self.registries = {r: dict(getattr(module, r)) for r in _REGISTRIES}
         self.buffers = self.registries["_buffers"]
 
-    def _watched(self, name: str) -> bool:
-        return name not in _BOOKKEEPING and not (self._builtin and name.startswith("_"))
+    def _watched_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        return _module_attributes(names, self._builtin)
+
+    def changed(self) -> bool:
+        module, before = self.module, self.registries
+        return (
+            super().changed()
+            or not _same_mapping(module._parameters, before["_parameters"])
+            or not _same_mapping(module._buffers, before["_buffers"])
+            or not _same_mapping(module._modules, before["_modules"])
+        )
 
     def rebound_buffers(self) -> list[str]:
         now = self.module._buffers
@@ -392,11 +441,25 @@ class _VariableState:
     """A variable a branch's code closes over (a cell) or names as a global, and the
     contents of the list, dict or set it holds."""
 
-    def __init__(self, text: str, get: Callable, put: Callable):
+    def __init__(self, text: str):
         self.text = text
-        self.get, self.put = get, put
-        self.value = get()
-        self.contents = _contents(self.value)
+        self.value = self.get()
+        self.contents = self.value.copy() if isinstance(self.value, _CONTAINERS) else None
+
+    def get(self):
+        raise NotImplementedError
+
+    def put(self, value) -> None:
+        raise NotImplementedError
+
+    def changed(self) -> bool:
+        try:
+            value = self.get()
+        except (KeyError, ValueError):  # a global deleted, a cell emptied
+            return True
+        return value is not self.value or (
+            self.contents is not None and not _same_contents(value, self.contents)
+        )
 
     def check(self, label: str) -> None:
         value = self.get()
@@ -412,33 +475,55 @@ class _VariableState:
             _put_back(self.value, self.contents)
 
 
-def _cell(cell) -> tuple[Callable, Callable]:
-    def put(value):
-        cell.cell_contents = value
+class _CellState(_VariableState):
+    """A variable a branch closes over."""
 
-    return (lambda: cell.cell_contents), put
+    def __init__(self, text: str, cell):
+        self.cell = cell
+        super().__init__(text)
+
+    def get(self):
+        return self.cell.cell_contents
+
+    def put(self, value) -> None:
+        self.cell.cell_contents = value
 
 
-def _global(namespace: dict, name: str) -> tuple[Callable, Callable]:
-    def put(value):
-        namespace[name] = value
+class _GlobalState(_VariableState):
+    """A global a branch's code names."""
 
-    return (lambda: namespace[name]), put
+    def __init__(self, text: str, namespace: dict):
+        self.namespace = namespace
+        super().__init__(text)
+
+    def get(self):
+        return self.namespace[self.text]
+
+    def put(self, value) -> None:
+        self.namespace[self.text] = value
 
 
-_LIBRARIES = ("torch", "torchcond", "functools", "builtins", "typing", "contextlib")
+_LIBRARIES = frozenset(("torch", "torchcond", "functools", "builtins", "typing", "contextlib"))
 
 
 def _user_code(value) -> bool:
-    module = getattr(value, "__module__", None) or ""
+    return _user_module(getattr(value, "__module__", None) or "")
+
+
+@functools.lru_cache(maxsize=1024)
+def _user_module(module: str) -> bool:
     return module.split(".")[0] not in _LIBRARIES
 
 
-def _global_names(code: types.CodeType) -> Iterator[str]:
-    yield from code.co_names
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The names ``code`` (and the code nested in it) may read as globals, each once.
+    Code objects are immutable, so the answer is kept."""
+    names = dict.fromkeys(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            yield from _global_names(const)
+            names.update(dict.fromkeys(_global_names(const)))
+    return tuple(names)
 
 
 _MAX_DEPTH = 4  # functions followed through closures and globals
@@ -448,7 +533,8 @@ def _reachable(fn: Callable) -> list:
     """The state ``fn`` can reach through what it closes over, its ``self``, its
     default arguments and the globals its code names, following functions a few
     levels deep: modules (and their submodules), user objects, variables and the
-    containers they hold."""
+    containers they hold. Found again on every call, reading what is there now, so
+    that a variable rebound or a submodule added between calls is watched too."""
     states: list = []
     seen: set[int] = set()
 
@@ -484,16 +570,16 @@ def _reachable(fn: Callable) -> list:
             except ValueError:  # not bound yet
                 continue
             if user:
-                states.append(_VariableState(name, *_cell(cell)))
+                states.append(_CellState(name, cell))
             visit(contents, name, depth + 1)
         for default in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
             visit(default, "a default argument", depth + 1)
         if not user:
             return
         namespace = fn.__globals__
-        for name in dict.fromkeys(_global_names(code)):
+        for name in _global_names(code):
             if name in namespace and not isinstance(namespace[name], types.ModuleType):
-                states.append(_VariableState(name, *_global(namespace, name)))
+                states.append(_GlobalState(name, namespace))
                 visit(namespace[name], name, depth + 1)
 
     visit(fn, getattr(fn, "__name__", "the branch"), 0)
