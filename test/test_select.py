@@ -872,6 +872,19 @@ def test_vmap_unbatched_outputs_stay_unbatched_and_select_n():
         assert torch.equal(out[e], ref_select_n(idx[e], [[xs[e]], [xs[e] * 2], [a]])[0])
 
 
+def test_vmap_refuses_unpaired_values_as_eager_calls_do():
+    # The vmap rule pairs values up by position: values left unpaired are an error, not dropped.
+    xs, y = rand((3, 2, 4), seed=1), rand((2, 4), seed=2)
+    p = torch.tensor([True, False])
+    with pytest.raises(CondArgumentError) as eager:
+        select(p, [y, y], [y])
+    with pytest.raises(CondArgumentError) as batched:
+        torch.vmap(lambda x: select(p, [x, x], [y]))(xs)
+    assert str(batched.value) == str(eager.value)
+    with pytest.raises(ValueError, match=r"cases: expected a multiple of num_branches \(2\)"):
+        torch.vmap(lambda x: OPS.select_n(torch.tensor(0), [x, y, x], 2))(xs)
+
+
 def test_nested_vmap():
     preds = rand((2, 3, 4), torch.bool, seed=1)
     xs, ys = rand((2, 3, 4, 5), seed=2), rand((3, 2, 4, 5), seed=3)

@@ -10,28 +10,31 @@ vmap).
 
 Both are the C++/CUDA operators ``torch.ops.torchcond.select`` and
 ``torch.ops.torchcond.select_n`` (``csrc/``): one parallel loop (CPU) or one kernel
-launch (CUDA) for all outputs, each element reading only the side it selects. This
-module is everything Python knows about them, in the order of pytorch/extension-cpp's
-``ops.py``:
+launch (CUDA) for all outputs, each element reading only the side it selects. As in
+the C++, ``select`` is ``select_n`` over two branches (true, then false) with a bool
+selector: every rule below is written once, over a selector and its branches, and
+takes a ``_Kind`` that says how its operator lays them out (``_PRED`` for ``select``,
+``_INDEX`` for ``select_n``). This module is everything Python knows about them, in
+the order of pytorch/extension-cpp's ``ops.py``:
 
 * the public functions ``select`` and ``select_n``;
 * ``register_fake``: fresh contiguous outputs shaped like the values (tracing, export,
   ``torch.compile``, meta tensors), after the kernels' own argument checks;
-* the Autograd kernels: the gradient goes to the selected side and is zero on the
-  other (computed with the select op itself against a stride-0 zero, so no ``NaN``
-  or ``Inf`` from the unselected side's cotangent can leak); none for the selector;
-  the tangent is the select of the tangents. They apply new-style
-  ``autograd.Function``s (backward and jvp); inside a ``torch.func`` transform, where
-  those cannot be applied, they compute the select with ``torch.where``;
+* the Autograd kernel: the gradient goes to the selected branch and is zero on the
+  others (computed with the select op itself against a stride-0 zero, so no ``NaN``
+  or ``Inf`` from an unselected branch's cotangent can leak); none for the selector;
+  the tangent is the select of the tangents. It applies a new-style
+  ``autograd.Function`` (backward and jvp); inside a ``torch.func`` transform, where
+  that cannot be applied, it computes the select with ``torch.where``;
 * ``register_vmap``: batch dims to the front; a batched selector expands unbatched
   values, batched values expand an unbatched (non-0-d) selector;
 * eagerly, when an input is wrapped by a ``torch.func`` transform or carries a
-  forward-mode tangent, ``select`` and ``select_n`` apply those Functions before
-  dispatch, so that the transforms see them (vmap rule generated from the op's) and
+  forward-mode tangent, ``select`` and ``select_n`` apply that Function before
+  dispatch, so that the transforms see it (vmap rule generated from the op's) and
   the fused kernel runs.
 
 The arguments are checked once, in C++ (``csrc/select_common.cpp``), by the kernels
-and, through ``torchcond._C._check_select``/``_check_select_n``, by the fake kernels.
+and, through ``torchcond._C._check_select``/``_check_select_n``, by the fake kernel.
 The public functions turn those errors into ``CondArgumentError``. Python checks only
 what the operators cannot see: the list arguments' nesting and Python types, and
 tensors of a layout no kernel is registered for.
@@ -39,7 +42,8 @@ tensors of a layout no kernel is registered for.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -49,8 +53,118 @@ from ..errors import CondArgumentError
 __all__ = ["select", "select_n"]
 
 _OPS = torch.ops.torchcond
-_SELECT = _OPS.select.default
-_SELECT_N = _OPS.select_n.default
+
+
+# --- the two operators' forms ----------------------------------------------------------
+#
+# A rule sees ``branches``: one list of values per branch, all of one length (the
+# output count). Only the operators' own arguments differ, and a kind converts them.
+
+
+class _Kind:
+    """How one operator takes a selector and its branches."""
+
+    qualname: str
+    selector_name: str  # what errors call the selector
+    op: Callable[..., list]  # the OpOverloadPacket, as traced code calls it
+    overload: Callable[..., list]  # its .default, cheaper to call eagerly
+    below_autograd: Callable[..., list]  # the operator below the Autograd key (C++)
+    check: Callable[..., None]  # the operator's argument checks (C++)
+
+    def values(self, *args) -> list:
+        """Every value, branch-major, from the operator's arguments (after the selector)."""
+        raise NotImplementedError
+
+    def branches(self, selector, *args) -> list:
+        """The operator's arguments as branches; the operator's error if they cannot be."""
+        raise NotImplementedError
+
+    def args(self, branches: list) -> tuple:
+        """The operator's arguments (after the selector) for ``branches``."""
+        raise NotImplementedError
+
+    def labelled(self, *args) -> list:
+        """``(name, value)`` for every value, named as the public function's arguments."""
+        raise NotImplementedError
+
+    def picks_at_most(self, selector: torch.Tensor, k: int) -> torch.Tensor:
+        """Where the selector takes one of branches ``0..k``."""
+        raise NotImplementedError
+
+
+class _Pred(_Kind):
+    """``select(pred, true_values, false_values)``: branch 0 where ``pred`` holds."""
+
+    qualname = "torchcond::select"
+    selector_name = "pred"
+    op = _OPS.select
+    overload = _OPS.select.default
+    below_autograd = staticmethod(_C.select_below_autograd)
+    check = staticmethod(_C._check_select)
+
+    def values(self, true_values, false_values):
+        return [*true_values, *false_values]
+
+    def branches(self, pred, true_values, false_values):
+        if len(true_values) != len(false_values):
+            _C._check_select(pred, true_values, false_values)  # raises: they must pair up
+        return [true_values, false_values]
+
+    def args(self, branches):
+        return branches[0], branches[1]
+
+    def labelled(self, true_values, false_values):
+        return _named("true_values", true_values) + _named("false_values", false_values)
+
+    def picks_at_most(self, selector, k):
+        return selector  # k is 0: the true values
+
+
+class _Index(_Kind):
+    """``select_n(index, cases, num_branches)``: ``cases`` flat and branch-major."""
+
+    qualname = "torchcond::select_n"
+    selector_name = "index"
+    op = _OPS.select_n
+    overload = _OPS.select_n.default
+    below_autograd = staticmethod(_C.select_n_below_autograd)
+    check = staticmethod(_C._check_select_n)
+
+    def values(self, cases, num_branches):
+        return cases
+
+    def branches(self, index, cases, num_branches):
+        if num_branches < 1 or len(cases) % num_branches:
+            _C._check_select_n(index, cases, num_branches)  # raises: they cannot split
+        return _split(cases, num_branches)
+
+    def args(self, branches):
+        return _flat(branches), len(branches)
+
+    def labelled(self, cases, num_branches):
+        split = _split(cases, num_branches)
+        return [pair for k, c in enumerate(split) for pair in _named(f"cases[{k}]", c)]
+
+    def picks_at_most(self, selector, k):
+        return selector <= k  # which also clamps the index
+
+
+_PRED = _Pred()
+_INDEX = _Index()
+
+
+def _flat(branches: list) -> list:
+    return [v for b in branches for v in b]
+
+
+def _split(flat: Sequence, num_branches: int) -> list:
+    """``flat`` (branch-major) as ``num_branches`` lists of equal length."""
+    n = len(flat) // num_branches
+    return [list(flat[k * n : (k + 1) * n]) for k in range(num_branches)]
+
+
+def _named(label: str, values) -> list:
+    return [(f"{label}[{i}]", v) for i, v in enumerate(values)]
 
 
 # --- public functions ------------------------------------------------------------------
@@ -112,17 +226,7 @@ def select(
 
 def select_lists(pred: torch.Tensor, true_values: list, false_values: list) -> list:
     """``select`` for two lists of tensors (torchcond's own calls)."""
-    try:
-        if _compat.tracing_active():
-            return _select_differentiable(pred, true_values, false_values)
-        if not (_compat.transforms_active() or torch.is_grad_enabled()):
-            return _C.select_below_autograd(pred, true_values, false_values)  # the common case
-        return _select_eager(pred, true_values, false_values)
-    except _OP_ERRORS as error:
-        _raise_argument_error(
-            error, "pred", pred, ("true_values", true_values), ("false_values", false_values)
-        )
-        raise
+    return _run(_PRED, pred, true_values, false_values)
 
 
 def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
@@ -158,35 +262,21 @@ def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> li
         _as_list(c, "select_n", f"cases[{k}]", _TENSORS, _ONE_OUTPUT) for k, c in enumerate(cases)
     ]
     _check_nesting(cases)
-    flat = [v for c in cases for v in c]
+    return _run(_INDEX, index, _flat(cases), len(cases))
+
+
+def _run(kind: _Kind, selector, *args) -> list:
+    """The operator of ``kind`` on its own arguments, by the cheapest path that is right."""
     try:
-        if _compat.tracing_active():
-            return _select_n_differentiable(index, flat, len(cases))
-        return _select_n_eager(index, flat, len(cases))
+        if _compat.tracing_active() or _compat.transforms_active():
+            return _differentiable(kind, selector, *args)
+        if torch.is_grad_enabled() and any(v.requires_grad for v in kind.values(*args)):
+            return kind.overload(selector, *args)  # the operator's autograd rule
+        # What that rule does when no input needs a gradient (the common case).
+        return kind.below_autograd(selector, *args)
     except _OP_ERRORS as error:
-        _raise_argument_error(
-            error, "index", index, *((f"cases[{k}]", c) for k, c in enumerate(cases))
-        )
+        _raise_argument_error(error, kind, selector, args)
         raise
-
-
-def _select_eager(pred, true_values, false_values):
-    if _compat.transforms_active():
-        return _select_differentiable(pred, true_values, false_values)
-    if torch.is_grad_enabled() and (
-        any(v.requires_grad for v in true_values) or any(v.requires_grad for v in false_values)
-    ):
-        return _SELECT(pred, true_values, false_values)  # the operator's autograd rule
-    # What that rule does when no input needs a gradient.
-    return _C.select_below_autograd(pred, true_values, false_values)
-
-
-def _select_n_eager(index, flat, num_branches):
-    if _compat.transforms_active():
-        return _select_n_differentiable(index, flat, num_branches)
-    if torch.is_grad_enabled() and any(v.requires_grad for v in flat):
-        return _SELECT_N(index, flat, num_branches)
-    return _C.select_n_below_autograd(index, flat, num_branches)
 
 
 # --- what the operators cannot check ---------------------------------------------------
@@ -232,21 +322,18 @@ _OP_ERRORS = (RuntimeError, TypeError, ValueError, AttributeError, IndexError, N
 _OP_PREFIXES = ("torchcond::select: ", "torchcond::select_n: ")
 
 
-def _raise_argument_error(error: Exception, selector_name: str, selector, *groups) -> None:
+def _raise_argument_error(error: Exception, kind: _Kind, selector, args: tuple) -> None:
     """Raises a CondArgumentError when the arguments caused ``error``, the operator's.
 
     The operator's checks (C++) say what is wrong in the public functions' words:
     their message is kept, less the operator's name. Before those checks run, torch's
     schema parser refuses a non-tensor and its dispatcher a layout with no kernel,
     with messages about the operator's schema: those two are named here.
-    ``groups``: ``(label, values)`` pairs.
     """
     message = str(error)
     if isinstance(error, (ValueError, TypeError)) and message.startswith(_OP_PREFIXES):
         raise CondArgumentError(message.split(": ", 1)[1]) from None
-    labelled = [(selector_name, selector)]
-    labelled += [(f"{label}[{i}]", v) for label, values in groups for i, v in enumerate(values)]
-    for label, value in labelled:
+    for label, value in [(kind.selector_name, selector), *kind.labelled(*args)]:
         if not isinstance(value, torch.Tensor):
             raise CondArgumentError(
                 f"{label}: expected a tensor, found {type(value).__name__}"
@@ -258,23 +345,16 @@ def _raise_argument_error(error: Exception, selector_name: str, selector, *group
             ) from None
 
 
-# --- fake kernels ----------------------------------------------------------------------
+# --- fake kernel -----------------------------------------------------------------------
 #
 # Shapes for tracing, export, torch.compile and meta tensors. The kernels' argument
 # checks run first, in C++ on the fake tensors' metadata (symbolic shapes guard), so a
 # traced call raises what an eager one does.
 
 
-@torch.library.register_fake("torchcond::select")
-def _select_fake(pred, true_values, false_values):
-    _C._check_select(pred, true_values, false_values)
-    return [t.new_empty(t.shape) for t in true_values]
-
-
-@torch.library.register_fake("torchcond::select_n")
-def _select_n_fake(index, cases, num_branches):
-    _C._check_select_n(index, cases, num_branches)
-    return [c.new_empty(c.shape) for c in cases[: len(cases) // num_branches]]
+def _fake(kind: _Kind, selector, *args):
+    kind.check(selector, *args)
+    return [v.new_empty(v.shape) for v in kind.branches(selector, *args)[0]]
 
 
 # --- autograd --------------------------------------------------------------------------
@@ -285,80 +365,53 @@ def _zeros(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device).expand(like.shape)
 
 
-def _select_grads(pred, grads, need_true, need_false, select_fn):
-    """Gradients of select's values: the cotangent on the selected side, zero elsewhere."""
-    n = len(grads)
-    to_true = [i for i in range(n) if grads[i] is not None and need_true[i]]
-    to_false = [i for i in range(n) if grads[i] is not None and need_false[i]]
-    grad_true: list = [None] * n
-    grad_false: list = [None] * n
-    if to_true or to_false:
-        zeros = {i: _zeros(grads[i]) for i in (*to_true, *to_false)}
-        # One select for both sides: where pred holds the true side gets the cotangent
-        # and the false side zero, and the other way around elsewhere.
-        outs = select_fn(
-            pred,
-            [grads[i] for i in to_true] + [zeros[i] for i in to_false],
-            [zeros[i] for i in to_true] + [grads[i] for i in to_false],
-        )
-        for k, i in enumerate(to_true):
-            grad_true[i] = outs[k]
-        for k, i in enumerate(to_false):
-            grad_false[i] = outs[len(to_true) + k]
-    return grad_true, grad_false
-
-
-def _select_n_grads(index, grads, nb, need, select_n_fn):
-    """Gradients of select_n's cases (flat, branch-major)."""
+def _grads(kind: _Kind, selector, grads, num_branches: int, need) -> list:
+    """Gradients of every branch's values (flat, branch-major): the cotangent where the
+    selector takes the branch, zero elsewhere."""
     n = len(grads)
     pairs = [
-        (k, i) for k in range(nb) for i in range(n) if grads[i] is not None and need[k * n + i]
+        (k, i)
+        for k in range(num_branches)
+        for i in range(n)
+        if grads[i] is not None and need[k * n + i]
     ]
-    result: list = [None] * (nb * n)
+    result: list = [None] * (num_branches * n)
     if pairs:
         zeros = {i: _zeros(grads[i]) for _, i in pairs}
-        # Output (k, i) is branch k's gradient for output i: the cotangent where the
-        # index picks k, zero elsewhere. Branch j of that select is the cotangent
-        # when j == k, else the zero.
-        flat = [grads[i] if j == k else zeros[i] for j in range(nb) for k, i in pairs]
-        outs = select_n_fn(index, flat, nb)
+        # One select for them all. Output (k, i) is branch k's gradient for output i:
+        # branch j of that select is the cotangent when j == k, else the zero.
+        branches = [
+            [grads[i] if j == k else zeros[i] for k, i in pairs] for j in range(num_branches)
+        ]
+        outs = _differentiable(kind, selector, *kind.args(branches))
         for m, (k, i) in enumerate(pairs):
             result[k * n + i] = outs[m]
     return result
 
 
-# The operators' Autograd kernels. torch.library.register_autograd would give a
+# The operators' Autograd kernel. torch.library.register_autograd would give a
 # C++-defined operator an old-style autograd.Function: torch.func.grad refuses it and
 # forward-mode AD (torch.func.jvp included) passes through it with a zero tangent.
 # Instead, where a derivative is needed:
 #
-# * outside torch.func transforms, the new-style Functions below (backward and jvp,
+# * outside torch.func transforms, the new-style Function below (backward and jvp,
 #   both one fused select);
 # * inside one (a transform's interpreter has already unwrapped the inputs, and a
 #   Function applied here has no kernel to run), torch.where: every transform and
 #   backend differentiates it. Eager code under a transform does not get here: the
-#   public functions apply the Functions before dispatch (``_needs_function``).
+#   public functions apply the Function before dispatch (``_needs_function``).
 #   Compiled code does: dynamo records the operator itself.
 
 
-@torch.library.impl("torchcond::select", "Autograd")
-def _select_autograd(pred, true_values, false_values):
-    if not _C._needs_derivative([*true_values, *false_values]):
+def _autograd(kind: _Kind, selector, *args):
+    values = kind.values(*args)
+    if not _C._needs_derivative(values):
         with _compat.below_autograd():
-            return _SELECT(pred, true_values, false_values)
+            return kind.overload(selector, *args)
+    branches = kind.branches(selector, *args)
     if _compat.torch_func_level_active():
-        return _select_where(pred, true_values, false_values)
-    return list(_SelectFunction.apply(pred, len(true_values), *true_values, *false_values))
-
-
-@torch.library.impl("torchcond::select_n", "Autograd")
-def _select_n_autograd(index, cases, num_branches):
-    if not _C._needs_derivative(cases):
-        with _compat.below_autograd():
-            return _SELECT_N(index, cases, num_branches)
-    if _compat.torch_func_level_active():
-        return _select_n_where(index, cases, num_branches)
-    return list(_SelectNFunction.apply(index, num_branches, *cases))
+        return _where(kind, selector, branches)
+    return list(_SelectFunction.apply(kind, selector, len(branches), *values))
 
 
 def _spread(selector: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -368,27 +421,20 @@ def _spread(selector: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return selector.reshape((*selector.shape, *([1] * (value.dim() - selector.dim()))))
 
 
-def _select_where(pred, true_values, false_values) -> list[torch.Tensor]:
-    """The select operator in differentiable aten operations (same checks, same values)."""
-    _C._check_select(pred, true_values, false_values)
-    return [
-        torch.where(_spread(pred, t), t, f).contiguous() for t, f in zip(true_values, false_values)
-    ]
-
-
-def _select_n_where(index, cases, num_branches: int) -> list[torch.Tensor]:
-    """select_n as a chain of torch.where: case k where the index is at most k (which
-    clamps it), the last case elsewhere."""
-    _C._check_select_n(index, cases, num_branches)
-    n = len(cases) // num_branches
-    if num_branches == 1:  # fresh tensors, as the operator's
-        return [c.clone(memory_format=torch.contiguous_format) for c in cases]
-    outputs = list(cases[(num_branches - 1) * n :])
-    for k in reversed(range(num_branches - 1)):
-        at_most_k = index <= k
-        for i in range(n):
-            outputs[i] = torch.where(_spread(at_most_k, outputs[i]), cases[k * n + i], outputs[i])
-    return [o.contiguous() for o in outputs]
+def _where(kind: _Kind, selector, branches: list) -> list[torch.Tensor]:
+    """The operator in differentiable aten operations (same checks, same values): a
+    chain of torch.where, branch k where the selector takes one of branches 0..k, the
+    last branch elsewhere."""
+    kind.check(selector, *kind.args(branches))
+    if len(branches) == 1:  # fresh tensors, as the operator's
+        return [v.clone(memory_format=torch.contiguous_format) for v in branches[0]]
+    outputs = list(branches[-1])
+    for k in reversed(range(len(branches) - 1)):
+        taken = kind.picks_at_most(selector, k)
+        for i, v in enumerate(branches[k]):
+            out = torch.where(_spread(taken, outputs[i]), v, outputs[i])
+            outputs[i] = out.contiguous() if k == 0 else out
+    return outputs
 
 
 # --- vmap ------------------------------------------------------------------------------
@@ -450,42 +496,29 @@ def _run_vmap_calls(op_call, sel, sel_bdim, groups, batch_size):
     return outputs, out_dims
 
 
-def _select_vmap(info, in_dims, pred, true_values, false_values):
-    pred_bdim, true_bdims, false_bdims = in_dims
-    groups = [
-        [(t, dt), (f, df)]
-        for t, f, dt, df in zip(true_values, false_values, true_bdims, false_bdims)
-    ]
+def _vmap(kind: _Kind, info, in_dims, selector, *args):
+    sel_bdim, *arg_bdims = in_dims
+    branches = kind.branches(selector, *args)
+    bdims = _split(kind.values(*arg_bdims), len(branches))
+    groups = [[(b[i], d[i]) for b, d in zip(branches, bdims)] for i in range(len(branches[0]))]
 
     def call(sel, values):
-        return _OPS.select(sel, [v[0] for v in values], [v[1] for v in values])
+        return kind.op(sel, *kind.args([[v[k] for v in values] for k in range(len(branches))]))
 
-    return _run_vmap_calls(call, pred, pred_bdim, groups, info.batch_size)
-
-
-def _select_n_vmap(info, in_dims, index, cases, num_branches):
-    index_bdim, case_bdims, _ = in_dims
-    n = len(cases) // num_branches
-    groups = [
-        [(cases[k * n + i], case_bdims[k * n + i]) for k in range(num_branches)] for i in range(n)
-    ]
-
-    def call(sel, values):
-        flat = [v[k] for k in range(num_branches) for v in values]
-        return _OPS.select_n(sel, flat, num_branches)
-
-    return _run_vmap_calls(call, index, index_bdim, groups, info.batch_size)
+    return _run_vmap_calls(call, selector, sel_bdim, groups, info.batch_size)
 
 
-torch.library.register_vmap("torchcond::select", _select_vmap)
-torch.library.register_vmap("torchcond::select_n", _select_n_vmap)
+for _kind in (_PRED, _INDEX):
+    torch.library.register_fake(_kind.qualname)(functools.partial(_fake, _kind))
+    torch.library.impl(_kind.qualname, "Autograd")(functools.partial(_autograd, _kind))
+    torch.library.register_vmap(_kind.qualname, functools.partial(_vmap, _kind))
 
 
 # --- torch.func transforms and forward-mode AD -----------------------------------------
 #
-# The autograd.Functions the Autograd kernels apply. When an input is wrapped by a
+# The autograd.Function the Autograd kernel applies. When an input is wrapped by a
 # torch.func transform or carries a forward-mode tangent, the public functions apply
-# them before dispatch, where the transforms see them: same op, same backward and jvp,
+# it before dispatch, where the transforms see it: same op, same backward and jvp,
 # and a vmap rule generated from the op's own.
 
 
@@ -502,16 +535,12 @@ def _needs_function(sel, values) -> bool:
     return has(sel) or any(has(v) for v in values)
 
 
-def _select_differentiable(pred, true_values, false_values) -> list[torch.Tensor]:
-    if true_values and _needs_function(pred, (*true_values, *false_values)):
-        return list(_SelectFunction.apply(pred, len(true_values), *true_values, *false_values))
-    return _OPS.select(pred, true_values, false_values)
-
-
-def _select_n_differentiable(index, flat, num_branches) -> list[torch.Tensor]:
-    if flat and _needs_function(index, flat):
-        return list(_SelectNFunction.apply(index, num_branches, *flat))
-    return _OPS.select_n(index, flat, num_branches)
+def _differentiable(kind: _Kind, selector, *args) -> list[torch.Tensor]:
+    values = kind.values(*args)
+    if values and _needs_function(selector, values):
+        num_branches = len(kind.branches(selector, *args))
+        return list(_SelectFunction.apply(kind, selector, num_branches, *values))
+    return kind.op(selector, *args)
 
 
 def _meta(values):
@@ -526,66 +555,34 @@ def _tangent_or_zero(tangent, meta):
     return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
 
-class _SelectorFunction(torch.autograd.Function):
-    """``op(selector, count, *values)``: what select and select_n save is the same."""
+class _SelectFunction(torch.autograd.Function):
+    """``kind``'s operator over ``num_branches`` branches, their values flat."""
 
     generate_vmap_rule = True
 
     @staticmethod
+    def forward(kind, selector, num_branches, *values):
+        return tuple(kind.op(selector, *kind.args(_split(values, num_branches))))
+
+    @staticmethod
     def setup_context(ctx, inputs, output):
-        selector, count, *values = inputs
+        kind, selector, num_branches, *values = inputs
         ctx.save_for_backward(selector)
         ctx.save_for_forward(selector)
-        ctx.count = count
+        ctx.kind = kind
+        ctx.num_branches = num_branches
         ctx.meta = _meta(values)  # for zero tangents (jvp)
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def _zero_filled(ctx, tangents):
-        return [_tangent_or_zero(t, m) for t, m in zip(tangents, ctx.meta)]
-
-
-class _SelectFunction(_SelectorFunction):
-    """``count`` is the number of true values."""
-
-    @staticmethod
-    def forward(pred, n, *values):
-        return tuple(_OPS.select(pred, list(values[:n]), list(values[n:])))
-
-    @staticmethod
     def backward(ctx, *grads):
-        (pred,) = ctx.saved_tensors
-        n = ctx.count
-        need = ctx.needs_input_grad[2:]
-        grad_true, grad_false = _select_grads(
-            pred, grads, need[:n], need[n:], _select_differentiable
-        )
-        return (None, None, *grad_true, *grad_false)
+        (selector,) = ctx.saved_tensors
+        need = ctx.needs_input_grad[3:]
+        return (None, None, None, *_grads(ctx.kind, selector, grads, ctx.num_branches, need))
 
     @staticmethod
-    def jvp(ctx, pred_tangent, n_tangent, *tangents):
-        (pred,) = ctx.saved_tensors
-        n = ctx.count
-        tangents = _SelectorFunction._zero_filled(ctx, tangents)
-        return tuple(_select_differentiable(pred, tangents[:n], tangents[n:]))
-
-
-class _SelectNFunction(_SelectorFunction):
-    """``count`` is the number of branches."""
-
-    @staticmethod
-    def forward(index, num_branches, *flat):
-        return tuple(_OPS.select_n(index, list(flat), num_branches))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        (index,) = ctx.saved_tensors
-        need = ctx.needs_input_grad[2:]
-        result = _select_n_grads(index, grads, ctx.count, need, _select_n_differentiable)
-        return (None, None, *result)
-
-    @staticmethod
-    def jvp(ctx, index_tangent, nb_tangent, *tangents):
-        (index,) = ctx.saved_tensors
-        tangents = _SelectorFunction._zero_filled(ctx, tangents)
-        return tuple(_select_n_differentiable(index, tangents, ctx.count))
+    def jvp(ctx, kind_tangent, selector_tangent, count_tangent, *tangents):
+        (selector,) = ctx.saved_tensors
+        filled = [_tangent_or_zero(t, m) for t, m in zip(tangents, ctx.meta)]
+        branches = _split(filled, ctx.num_branches)
+        return tuple(_differentiable(ctx.kind, selector, *ctx.kind.args(branches)))
