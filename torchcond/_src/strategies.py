@@ -316,7 +316,9 @@ def _mask_gradients(mask: torch.Tensor, values) -> list:
         and not _compat.is_exporting()
         and not _compat.transforms_active()
     ):
-        return [_MaskedGradient.apply(v, mask) for v in values]
+        # ``v.to(v.dtype)`` is ``v`` itself, read through the modes of enclosing
+        # selects (closures.StandIns), which ``apply`` does not pass through.
+        return [_MaskedGradient.apply(v.to(v.dtype), mask) for v in values]
     # A program make_fx or export traced has no autograd.Function left in it: the
     # mask must be an op whose own derivative masks.
     return [torch.where(mask, v, v.detach()) for v in values]
@@ -335,16 +337,20 @@ class _MaskedGradient(torch.autograd.Function):
 
     @staticmethod
     def forward(value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return value.view_as(value)
+        with _compat.torch_function_disabled():  # read as given (see _mask_gradients)
+            return value.view_as(value)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(inputs[1])
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (mask,) = ctx.saved_tensors
-        return torch.where(mask, grad, torch.zeros_like(grad)), None
+        value, mask = ctx.saved_tensors
+        # The zeros are made from the value, so that the compiled backward saves it.
+        # No mode of an enclosing select's run (closures.StandIns) reads this.
+        with _compat.torch_function_disabled():
+            return torch.where(mask, grad, torch.zeros_like(value)), None
 
 
 def _masked(mask: torch.Tensor, operands, guarded) -> list:
