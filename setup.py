@@ -75,7 +75,7 @@ from torch.utils.cpp_extension import (  # noqa: E402
 
 
 def _want_cuda() -> bool:
-    forced = os.environ.get("TORCHCOND_CUDA")
+    forced = os.environ.get("TORCHCOND_CUDA") or None  # empty: unset
     if forced not in (None, "0", "1"):
         raise SystemExit(f"TORCHCOND_CUDA must be 0 or 1; found {forced!r}")
     if forced == "0":

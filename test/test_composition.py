@@ -494,6 +494,11 @@ FOUND_BY_THE_MATRIX = [
     "compile-inductor|none|constant|cond|auto",  # torch.tensor(2.0) in a branch fails to lower
     "export-strict|none|identity|cond|select",  # issue 26's defect 1 through strict export
     "compile-eager|grad|identity|cond|auto",  # an identity branch's gradient, compiled
+    "fx-real|autograd2|constant|cond|select",  # NaN: traced without a gradient, then differentiated
+    "export-strict|autograd2|no_operands|switch|select",  # the same through strict export
+    "compile-aot_eager|hessian|constant|cond|select",  # AOTAutograd traced the select's checks
+    "compile-aot_eager|autograd2|closure_diff|cond|select",  # a double backward dropped silently
+    "compile-aot_eager|autograd2|identity|switch|select",  # the same, through sin
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get
