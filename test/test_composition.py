@@ -211,6 +211,12 @@ def closure_view(c, x, y, s):
     return c(s, [lambda: (v @ y).sin(), lambda: (v @ y).cos(), lambda: (v @ y).tanh()], ())
 
 
+def number(c, x, y, s):
+    # A Python number beside the tensor: the same in cond's branches, another in
+    # switch's third (an unbacked SymInt when traced with symbolic shapes).
+    return c(s, [lambda x: (x.sin(), 2), lambda x: (x.cos(), 2), lambda x: (2 * x, 5)], (x,))
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
     program: Callable
@@ -247,6 +253,7 @@ KINDS = {
     "nested": Kind(nested),
     "unbacked": Kind(unbacked),
     "closure_view": Kind(closure_view, wrt=(0, 1), x_shape=(2, 2, 4), y_shape=(4, 4)),
+    "number": Kind(number),
 }
 
 
@@ -497,8 +504,6 @@ FOUND_BY_THE_MATRIX = [
     "fx-real|autograd2|constant|cond|select",  # NaN: traced without a gradient, then differentiated
     "export-strict|autograd2|no_operands|switch|select",  # the same through strict export
     "compile-aot_eager|hessian|constant|cond|select",  # AOTAutograd traced the select's checks
-    "compile-aot_eager|autograd2|closure_diff|cond|select",  # a double backward dropped silently
-    "compile-aot_eager|autograd2|identity|switch|select",  # the same, through sin
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get
@@ -697,19 +702,23 @@ def _leaf_pairs(actual, expected):
     return zip(a_leaves, e_leaves)
 
 
-def assert_same(actual, expected):
+def assert_same(actual, expected, numbers_as_tensors=False):
     """assert_close leaf by leaf, a NaN the expected value lacks included. A None
     gradient counts as zeros here; test_unused_gradients_agree_with_eager compares
-    None with eager torchcond."""
+    None with eager torchcond. ``numbers_as_tensors``: where every branch runs, a
+    number the branches differ in comes back as a 0-d tensor (docs/semantics.rst),
+    compared by value."""
     for i, (a, e) in enumerate(_leaf_pairs(actual, expected)):
         if a is None and e is None:
             continue
         a = torch.zeros_like(e) if a is None else a
         e = torch.zeros_like(a) if e is None else e
+        if numbers_as_tensors and isinstance(a, torch.Tensor) != isinstance(e, torch.Tensor):
+            a, e = torch.as_tensor(a), torch.as_tensor(e)
         torch.testing.assert_close(a, e, equal_nan=False, msg=lambda m, i=i: f"leaf {i}: {m}")
 
 
-def mismatch(got: list, want: list, calls) -> str | None:
+def mismatch(got: list, want: list, calls, numbers_as_tensors=False) -> str | None:
     """The first difference between two runs' results (None where `want` has no
     value for a call), or None."""
     for args, (out, after), w in zip(calls, got, want):
@@ -718,7 +727,7 @@ def mismatch(got: list, want: list, calls) -> str | None:
         what = f"selector {args[2].tolist()}"
         for name, a, b in (("output", out, w[0]), ("operands after the call", after, w[1])):
             try:
-                assert_same(a, b)
+                assert_same(a, b, numbers_as_tensors)
             except AssertionError as error:
                 return f"{what}: {name} {error}"
             except Exception as error:  # a leaked FakeTensor or functorch wrapper
@@ -779,8 +788,8 @@ def _ours_as_text(error: Exception) -> CondError | None:
 
 
 # torch.compile refuses a double backward through a compiled backward, in one of two
-# words. Where the branch alone saves no tensor for its backward, torch lets it run
-# and gives zeros; a select's backward saves the operand, so torch refuses it there.
+# words, depending on what the program saves for its backward: not only where the
+# branch alone would be refused.
 COMPILED_DOUBLE_BACKWARD = (
     "torch.compile with aot_autograd does not currently support double backward",
     "compiled with non-empty donated buffers which requires create_graph=False",
@@ -831,9 +840,12 @@ def check(case: Case):
         got = run_calls(lambda: build(case, "torchcond"), calls)
     limit = lambda: torch_limit(case.context, case.transform, case.kind, case.op)  # noqa: E731
     problems = []
+    every_branch_runs = case.strategy == "select" or "vmap" in case.inner
     if got.error is not None:
         problems.append(judge_error(case, got.error))
-    elif (diff := mismatch(got.results, expected, calls)) and "wrong" not in limit():
+    elif (
+        diff := mismatch(got.results, expected, calls, every_branch_runs)
+    ) and "wrong" not in limit():
         problems.append(f"WRONG VALUE: {diff}")
     elif case.names[0].startswith("autograd") and case.context != "eager":
         if diff := unused_gradients_differ(case, got.results, calls):

@@ -177,6 +177,13 @@ def _restored_carried(carried_leaf):
     info = carried_leaf.value
     if info[0] == "same":
         return info[1]
+    if _compat.transforms_active():
+        # The number would be read from a tensor the transform wraps, which
+        # torch.func cannot turn into a number while dynamo traces.
+        raise UnsupportedCondError(
+            "a Python number that differs between branches is not supported under "
+            "torch.compile inside a torch.func transform; return it as a tensor"
+        )
     number = _compat.local_scalar(carried_leaf.tensor)
     if type(carried_leaf) is CarriedBool:
         _compat.check_in_range(number, 0, 1)

@@ -585,4 +585,6 @@ class _SelectFunction(torch.autograd.Function):
         (selector,) = ctx.saved_tensors
         filled = [_tangent_or_zero(t, m) for t, m in zip(tangents, ctx.meta)]
         branches = _split(filled, ctx.num_branches)
-        return tuple(_differentiable(ctx.kind, selector, *ctx.kind.args(branches)))
+        out = _differentiable(ctx.kind, selector, *ctx.kind.args(branches))
+        # An integer output (a number a branch returned) has no tangent.
+        return tuple(t if t.dtype.is_floating_point or t.dtype.is_complex else None for t in out)

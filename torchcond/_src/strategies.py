@@ -309,48 +309,12 @@ def any_needs_grad(operands) -> bool:
 
 def _mask_gradients(mask: torch.Tensor, values) -> list:
     """``values`` forward; backward, their gradients where ``mask`` is set."""
-    if not _compat.tracing_active():
-        return select_ops.select(mask, values, [v.detach() for v in values])
-    if (
-        _compat.is_dynamo_compiling()
-        and not _compat.is_exporting()
-        and not _compat.transforms_active()
-    ):
-        # ``v.to(v.dtype)`` is ``v`` itself, read through the modes of enclosing
-        # selects (closures.StandIns), which ``apply`` does not pass through.
-        return [_MaskedGradient.apply(v.to(v.dtype), mask) for v in values]
-    # A program make_fx or export traced has no autograd.Function left in it: the
-    # mask must be an op whose own derivative masks.
-    return [torch.where(mask, v, v.detach()) for v in values]
-
-
-class _MaskedGradient(torch.autograd.Function):
-    """A view of ``value`` whose gradient is kept where ``mask`` is set.
-
-    For torch.compile. The branch's backward then saves the value itself, an input
-    of the compiled program, rather than a masked copy of it. AOTAutograd supports no
-    double backward, and it raises that error only when a saved tensor is an input
-    that needs a gradient; with a copy saved, the second-order gradient would be
-    dropped silently. No jvp: dynamo refuses an autograd.Function with one, so this
-    is used only where no torch.func transform runs.
-    """
-
-    @staticmethod
-    def forward(value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        with _compat.torch_function_disabled():  # read as given (see _mask_gradients)
-            return value.view_as(value)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        value, mask = ctx.saved_tensors
-        # The zeros are made from the value, so that the compiled backward saves it.
-        # No mode of an enclosing select's run (closures.StandIns) reads this.
-        with _compat.torch_function_disabled():
-            return torch.where(mask, grad, torch.zeros_like(value)), None
+    if _compat.tracing_active():
+        # torch.where, whose derivative masks again, so a traced program's second
+        # order is safe too. A fused select under torch.compile would be saved and
+        # its second-order gradient dropped without an error.
+        return [torch.where(mask, v, v.detach()) for v in values]
+    return select_ops.select(mask, values, [v.detach() for v in values])
 
 
 def _masked(mask: torch.Tensor, operands, guarded) -> list:
