@@ -29,6 +29,7 @@ stand-in node whose last argument lists the extra input.
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
@@ -53,119 +54,160 @@ def install(cond_op, switch_op, in_place) -> None:
 
 
 def _register_lowerings(lowering, cond_op, switch_op, in_place) -> None:
-    import sympy
+    """Each operator's lowering, bound to it and to reinplace.py's ``in_place``."""
+    cond_rule = functools.partial(_lower_cond, lowering, cond_op, in_place)
+    switch_rule = functools.partial(_lower_switch, lowering, switch_op, in_place)
+    lowering.register_lowering(cond_op, type_promotion_kind=None)(cond_rule)
+    lowering.register_lowering(switch_op, type_promotion_kind=None)(switch_rule)
+
+
+def _lower_cond(lowering, cond_op, in_place, pred, true_subgraph, false_subgraph, operands):
+    from torch._inductor.virtualized import V
+
+    _refuse_unbound_predicate(cond_op.name(), V.graph.current_node, pred)
+    _disable_cudagraphs_if_on_gpu(lowering, cond_op.name(), [pred, *operands])
+    (true_subgraph, false_subgraph), written = _writing_in_place(
+        in_place, [true_subgraph, false_subgraph]
+    )
+    # An output written back into its operand is the operand: copy_ skips it.
+    outputs = _conditional(pred, true_subgraph, false_subgraph, operands)
+    return outputs + [operands[w] for w in written]
+
+
+def _lower_switch(lowering, switch_op, in_place, index, *branches_then_operands):
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
-    aten = torch.ops.aten
+    *branches, operands = branches_then_operands
+    node = V.graph.current_node
+    _disable_cudagraphs_if_on_gpu(lowering, switch_op.name(), [index, *operands])
+    if _n_way():
+        branches, written = _writing_in_place(in_place, branches)
+        return _n_way_switch(lowering, index, branches, operands) + [operands[w] for w in written]
+    if len(branches) == 1:
+        # A one-branch switch: both sides of the conditional are that branch.
+        only = branches[0]
+        branches = [only, ir.Subgraph(name=f"{node.name}_only", graph_module=only.graph_module)]
+    return _switch_chain(lowering, switch_op, node, index, branches, operands)
 
-    def disable_cudagraphs_if_on_gpu(op_name, values):
-        # Inductor's cudagraph trees cannot record a host-side branch: same reason,
-        # same flag as torch.cond's lowering.
-        if any(isinstance(v, ir.IRNode) and lowering.is_triton(v) for v in values):
-            message = (
-                f"control flow operator: {op_name} picks its branch on the host; "
-                "strategy='select' keeps a conditional on the device and in the graph."
-            )
-            stack_trace = V.graph.current_node.meta.get("stack_trace")
-            if stack_trace:
-                message = f"{message} Found from :\n {stack_trace}"
-            V.graph.disable_cudagraphs_reason = message
 
-    n_way = hasattr(ir, "Switch")  # torch 2.14: ir.Switch replaced ir.Conditional
-    # Branches that write to an operand: ir.Conditional orders them with the operand's
-    # readers (a MutationOutput per written operand) from torch 2.13 on, ir.Switch too
-    # (checked on 2.13.0, 2.14.1, 2.15.0; 2.11.0's ir.Conditional does not).
-    branches_may_write = n_way or TORCH_VERSION >= (2, 13)
+def _switch_chain(lowering, switch_op, node, index, branches, operands):
+    """``ir.Conditional``'s switch: b0 if the index is at most 0, else a subgraph
+    holding ``switch(index - 1, b1, ..., bn)``."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
 
-    def writing_in_place(subgraphs):
-        """The branches, writing in place what the graph only writes back, and the
-        operands that stand for the outputs they no longer return (in order)."""
-        if not branches_may_write:
-            return subgraphs, []
-        plan = in_place(V.graph.current_node, [s.graph_module for s in subgraphs])
-        if plan is None:
-            return subgraphs, []
-        graphs, written = plan
-        subgraphs = [ir.Subgraph(name=s.name, graph_module=g) for s, g in zip(subgraphs, graphs)]
-        return subgraphs, [written[j] for j in sorted(written)]
+    index, index_value = _on_host(lowering, index, _fx_value(node.args[0]))
+    first_taken = _at_most(lowering, index, 0)
+    if len(branches) == 2:
+        return _conditional(first_taken, branches[0], branches[1], operands)
+    index, index_value = _bindable(lowering, index, index_value)
+    link = _LinkBuilder(node, [_fx_value(a) for a in node.args[-1]], index_value)
+    first = ir.Subgraph(name=f"{node.name}_case_0", graph_module=link.ignoring_index(branches[0]))
+    rest = ir.Subgraph(name=f"{node.name}_rest", graph_module=link.rest(switch_op, branches[1:]))
+    with V.graph.set_current_node(link.stand_in(switch_op)):
+        return _conditional(first_taken, first, rest, [*operands, index])
 
-    def conditional(pred, true_subgraph, false_subgraph, operands):
-        if n_way:  # a bool selector reads as 0 (false) or 1 (true)
-            outputs = ir.Switch.create(
-                pred, [false_subgraph, true_subgraph], list(operands), is_cond=True
-            )
-        else:
-            outputs = ir.Conditional.create(pred, true_subgraph, false_subgraph, list(operands))
-        _depend_on_predicate_symbols(pred, outputs)
-        return list(map(ir.TensorBox.create, outputs))
 
-    def n_way_switch(index, branches, operands):
-        # ir.Switch takes the last branch for any index it does not list, negative
-        # ones included: clamping first keeps a negative index on the first branch.
-        index = _clamped(lowering, index, len(branches))
-        outputs = ir.Switch.create(index, list(branches), list(operands))
-        _depend_on_predicate_symbols(index, outputs)
-        return list(map(ir.TensorBox.create, outputs))
+def _n_way() -> bool:
+    """torch 2.14 replaced ir.Conditional with the N-way ir.Switch."""
+    from torch._inductor import ir
 
-    host = torch.device("cpu")
+    return hasattr(ir, "Switch")
 
-    def on_host(index, index_value):
-        # The chain reads the index once per link: a device index would sync each time.
-        if isinstance(index, ir.IRNode) and index.get_device() != host:
-            with V.fake_mode:
-                index_value = index_value.to(host)
-            index = lowering.lowerings[aten._to_copy.default](index, device=host)
-        return index, index_value
 
-    def bindable(index, index_value):
-        # A subgraph input binds a plain symbol only (``u0``, not ``min(2, u0)``), so a
-        # compound symbolic index enters the chain as a host tensor.
-        if isinstance(index, sympy.Expr) and not isinstance(index, (sympy.Symbol, sympy.Integer)):
-            with V.fake_mode:
-                index_value = torch.empty((), dtype=torch.int64, device=host)
-            index = lowering.lowerings[aten.scalar_tensor.default](
-                index, dtype=torch.int64, device=host
-            )
-        return index, index_value
+def _branches_may_write() -> bool:
+    """Branches that write to an operand: ir.Conditional orders them with the operand's
+    readers (a MutationOutput per written operand) from torch 2.13 on, ir.Switch too
+    (checked on 2.13.0, 2.14.1, 2.15.0; 2.11.0's ir.Conditional does not)."""
+    return _n_way() or TORCH_VERSION >= (2, 13)
 
-    @lowering.register_lowering(cond_op, type_promotion_kind=None)
-    def lower_cond(pred, true_subgraph, false_subgraph, operands):
-        _refuse_unbound_predicate(cond_op.name(), V.graph.current_node, pred)
-        disable_cudagraphs_if_on_gpu(cond_op.name(), [pred, *operands])
-        (true_subgraph, false_subgraph), written = writing_in_place([true_subgraph, false_subgraph])
-        # An output written back into its operand is the operand: copy_ skips it.
-        outputs = conditional(pred, true_subgraph, false_subgraph, operands)
-        return outputs + [operands[w] for w in written]
 
-    @lowering.register_lowering(switch_op, type_promotion_kind=None)
-    def lower_switch(index, *branches_then_operands):
-        *branches, operands = branches_then_operands
-        node = V.graph.current_node
-        disable_cudagraphs_if_on_gpu(switch_op.name(), [index, *operands])
-        if n_way:
-            branches, written = writing_in_place(branches)
-            return n_way_switch(index, branches, operands) + [operands[w] for w in written]
-        if len(branches) == 1:
-            # A one-branch switch: both sides of the conditional are that branch.
-            only = branches[0]
-            branches = [only, ir.Subgraph(name=f"{node.name}_only", graph_module=only.graph_module)]
-        index, index_value = on_host(index, _fx_value(node.args[0]))
-        first_taken = _at_most(lowering, index, 0)
-        if len(branches) == 2:
-            return conditional(first_taken, branches[0], branches[1], operands)
+def _disable_cudagraphs_if_on_gpu(lowering, op_name, values) -> None:
+    """Inductor's cudagraph trees cannot record a host-side branch: same reason, same
+    flag as torch.cond's lowering."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
 
-        # More than two: b0, else a subgraph holding switch(index - 1, b1, ..., bn).
-        index, index_value = bindable(index, index_value)
-        link = _LinkBuilder(node, [_fx_value(a) for a in node.args[-1]], index_value)
-        first = ir.Subgraph(
-            name=f"{node.name}_case_0", graph_module=link.ignoring_index(branches[0])
+    if any(isinstance(v, ir.IRNode) and lowering.is_triton(v) for v in values):
+        message = (
+            f"control flow operator: {op_name} picks its branch on the host; "
+            "strategy='select' keeps a conditional on the device and in the graph."
         )
-        rest = ir.Subgraph(
-            name=f"{node.name}_rest", graph_module=link.rest(switch_op, branches[1:])
+        stack_trace = V.graph.current_node.meta.get("stack_trace")
+        if stack_trace:
+            message = f"{message} Found from :\n {stack_trace}"
+        V.graph.disable_cudagraphs_reason = message
+
+
+def _writing_in_place(in_place, subgraphs):
+    """The branches, writing in place what the graph only writes back, and the
+    operands that stand for the outputs they no longer return (in order)."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    if not _branches_may_write():
+        return subgraphs, []
+    plan = in_place(V.graph.current_node, [s.graph_module for s in subgraphs])
+    if plan is None:
+        return subgraphs, []
+    graphs, written = plan
+    subgraphs = [ir.Subgraph(name=s.name, graph_module=g) for s, g in zip(subgraphs, graphs)]
+    return subgraphs, [written[j] for j in sorted(written)]
+
+
+def _conditional(pred, true_subgraph, false_subgraph, operands):
+    from torch._inductor import ir
+
+    if _n_way():  # a bool selector reads as 0 (false) or 1 (true)
+        outputs = ir.Switch.create(
+            pred, [false_subgraph, true_subgraph], list(operands), is_cond=True
         )
-        with V.graph.set_current_node(link.stand_in(switch_op)):
-            return conditional(first_taken, first, rest, [*operands, index])
+    else:
+        outputs = ir.Conditional.create(pred, true_subgraph, false_subgraph, list(operands))
+    _depend_on_predicate_symbols(pred, outputs)
+    return list(map(ir.TensorBox.create, outputs))
+
+
+def _n_way_switch(lowering, index, branches, operands):
+    from torch._inductor import ir
+
+    # ir.Switch takes the last branch for any index it does not list, negative ones
+    # included: clamping first keeps a negative index on the first branch.
+    index = _clamped(lowering, index, len(branches))
+    outputs = ir.Switch.create(index, list(branches), list(operands))
+    _depend_on_predicate_symbols(index, outputs)
+    return list(map(ir.TensorBox.create, outputs))
+
+
+_HOST = torch.device("cpu")
+
+
+def _on_host(lowering, index, index_value):
+    """The chain reads the index once per link: a device index would sync each time."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    if isinstance(index, ir.IRNode) and index.get_device() != _HOST:
+        with V.fake_mode:
+            index_value = index_value.to(_HOST)
+        index = lowering.lowerings[torch.ops.aten._to_copy.default](index, device=_HOST)
+    return index, index_value
+
+
+def _bindable(lowering, index, index_value):
+    """A subgraph input binds a plain symbol only (``u0``, not ``min(2, u0)``), so a
+    compound symbolic index enters the chain as a host tensor."""
+    import sympy
+    from torch._inductor.virtualized import V
+
+    if isinstance(index, sympy.Expr) and not isinstance(index, (sympy.Symbol, sympy.Integer)):
+        with V.fake_mode:
+            index_value = torch.empty((), dtype=torch.int64, device=_HOST)
+        index = lowering.lowerings[torch.ops.aten.scalar_tensor.default](
+            index, dtype=torch.int64, device=_HOST
+        )
+    return index, index_value
 
 
 def _refuse_unbound_predicate(op_name: str, node: torch.fx.Node, pred) -> None:

@@ -25,9 +25,9 @@ from .forms import (
     normalize_index,
     normalize_pred,
     python_scalar,
-    readable_on_host,
     switch_labels,
 )
+from .host import host_readable
 from .numbers import restored_under_dynamo
 from .ops import call, cond_op, form_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
@@ -43,6 +43,8 @@ _dynamo_compiling = torch.compiler.is_dynamo_compiling
 # torch-function mode, no CUDA graph capturing on the selector's device, no profiler,
 # no torch.jit trace), then the selector read, in one C call (csrc/eager.cpp): the
 # branch to call, or None for the slow path, which decides precisely.
+# Its readability checks mirror host.host_readable(selector, PLAIN), inlined in C for
+# speed; test/test_host_readable.py checks that the two agree.
 _C.eager_init(*_compat.PROFILER_FLAG, torch.cuda.is_current_stream_capturing)
 _taken_branch = _C.taken_branch
 _taken_case = _C.taken_case
@@ -316,7 +318,7 @@ def _checked_and_run(form: Form, selector, branches, operands, strategy, check_b
         return _run_concrete(form, labelled, form.taken(selector, n), operands, check_branches)
     if isinstance(selector, torch.Tensor):
         form.check_tensor(selector)
-        if readable_on_host(selector):
+        if host_readable(selector):
             taken = form.taken(selector, n)
             return _run_concrete(form, labelled, taken, operands, check_branches)
         selector = form.tensor_selector(selector, n)

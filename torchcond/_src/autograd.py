@@ -34,7 +34,8 @@ from ..errors import UnsupportedCondError
 from . import closures, draws
 from .batching import map_conditional
 from .closures import closure_free
-from .forms import Form, readable_on_host
+from .forms import Form
+from .host import host_readable
 from .subgraph import is_symbolic_scalar, symbols_of
 from .tracing import (
     GRAD_DISABLED,
@@ -56,7 +57,7 @@ from .tracing import (
 def autograd_rule(form: Form, selector, branches, operands):
     if not torch.is_grad_enabled():
         return form.call_below_autograd(selector, branches, operands)
-    if readable_on_host(selector):
+    if host_readable(selector):
         return form.taken_branch(selector, branches)(*operands)
     n = len(operands)
     lifted, operands = closures.lift(form, branches, tuple(operands))

@@ -33,7 +33,8 @@ import torch
 from .. import _compat
 from .._compat.after_import import when_imported
 from ..errors import BranchMismatchError, CondArgumentError
-from .forms import HOST_READABLE, Form, readable_on_host, unpack
+from .forms import Form, unpack
+from .host import HOST_READABLE, host_readable
 
 _DTENSOR_MODULE = "torch.distributed.tensor"
 
@@ -75,7 +76,7 @@ def _on_dtensors(form: Form, dtensor: Any, selector, branches, operands):
     """DTensors among the selector and the operands: see the module docstring."""
     if isinstance(selector, dtensor):
         selector = _replicated_value(form, selector)
-    if readable_on_host(selector):
+    if host_readable(selector):
         return form.taken_branch(selector, branches)(*operands)
     layouts = [_layout_of(t, dtensor) for t in operands]
     local = tuple(t if lay is None else t.to_local() for t, lay in zip(operands, layouts))

@@ -352,32 +352,6 @@ def pack(selector, branches: Sequence, operands: tuple) -> tuple:
     return (selector, *branches, operands)
 
 
-# Tensor subclasses whose value can be read on the host, the same in every process
-# that runs the program: {type: whether a tensor of it can be read}. distributed.py
-# adds DTensor (a replicated one) once torch.distributed.tensor is imported.
-HOST_READABLE: dict[type, Callable[[torch.Tensor], bool]] = {}
-
-
-def readable_on_host(selector) -> bool:
-    """Readable on the host right now: no tracing active, a real tensor or a number.
-
-    Under a tracing mode the Autograd key runs before the mode's rule; reading the
-    selector there would inline one branch into the trace, so it never counts.
-    """
-    if _compat.tracing_active():
-        return False
-    if isinstance(selector, torch.Tensor):
-        if _compat.is_functorch_wrapped(selector):
-            if _compat.is_vmapped(selector):
-                return False
-            selector = _compat.functorch_base(selector)
-        readable = HOST_READABLE.get(type(selector))
-        if readable is not None:
-            return readable(selector)
-        return type(selector) is torch.Tensor and selector.device.type != "meta"
-    return isinstance(selector, (bool, int))
-
-
 def python_scalar(value):
     """NumPy scalars (np.bool_, np.float32, ...) as the Python numbers they hold."""
     if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():

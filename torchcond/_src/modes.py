@@ -33,6 +33,7 @@ import torch
 from .. import _compat
 from .._compat import pytree
 from .forms import Form, pack
+from .host import UNDER_MODE, host_readable, traces
 
 # What the mode on top of the dispatch stack is to a conditional.
 USER, TAKES_HOPS, COUNTS_FLOPS = "user", "takes higher-order operators", "counts flops"
@@ -43,10 +44,9 @@ def kind_of(op, mode) -> str | None:
     """``USER``, ``TAKES_HOPS`` or ``COUNTS_FLOPS``; None for a mode that traces (it
     has a rule of ours, as torch's fake, proxy and functional modes do) and for a
     subclass of one (torch's lookup does not find its base's rule: left to torch)."""
-    cls = type(mode)
-    if cls is _compat.FlopCounterDispatchMode:
+    if type(mode) is _compat.FlopCounterDispatchMode:
         return COUNTS_FLOPS
-    if any(base in op.python_key_table for base in cls.__mro__):
+    if traces(op, mode):
         return None
     return TAKES_HOPS if getattr(mode, "supports_higher_order_operators", False) else USER
 
@@ -56,32 +56,7 @@ def top_kind(op) -> str | None:
     return None if mode is None else kind_of(op, mode)
 
 
-def readable(op, selector) -> bool:
-    """The selector can be read on the host: a Python int (or bool) or a plain tensor
-    off the meta device, with no mode on the dispatch stack that traces, no
-    pre-dispatch trace and no dynamo."""
-    if isinstance(selector, torch.Tensor):
-        if type(selector) is not torch.Tensor or selector.device.type == "meta":
-            return False
-        if _compat.is_functorch_wrapped(selector):  # torch.func's rule decides
-            return False
-    elif not isinstance(selector, int):  # a SymInt or SymBool
-        return False
-    if _compat.is_dynamo_compiling() or _compat.pre_dispatch_tracing():
-        return False
-    return all(kind_of(op, mode) is not None for mode in _compat.dispatch_mode_stack())
-
-
 # --- the rules ------------------------------------------------------------------------
-
-
-def readable_under_transform(op, selector) -> bool:
-    """``readable`` for a selector a torch.func level wraps, unless it is per example."""
-    if isinstance(selector, torch.Tensor) and _compat.is_functorch_wrapped(selector):
-        if _compat.is_vmapped(selector):
-            return False
-        selector = _compat.functorch_base(selector)
-    return readable(op, selector)
 
 
 def takes_first(op) -> bool:
@@ -112,7 +87,7 @@ def python_key_rule(form: Form, selector, branches, operands):
 
 def user_mode_rule(form: Form, selector, branches, operands):
     """A Python ``if`` under the mode; a conditional beneath it when unreadable."""
-    if readable(form.op, selector):
+    if host_readable(selector, UNDER_MODE, form.op):
         return form.taken_branch(selector, branches)(*operands)
     with _compat.pop_dispatch_mode():
         return form.op(*pack(selector, branches, operands))
@@ -127,7 +102,7 @@ def flop_rule(form: Form, mode, selector, branches, operands):
     value is the conditional's as it would be without the mode.
     """
     labels = [f"torchcond.{form.name}'s {label}" for label in form.labels(len(branches))]
-    if readable(form.op, selector):
+    if host_readable(selector, UNDER_MODE, form.op):
         taken = form.taken(selector, len(branches))
         ran: list = []
 

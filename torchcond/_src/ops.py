@@ -39,16 +39,15 @@ from .forms import (
     Form,
     cond_form,
     pack,
-    readable_on_host,
     switch_form,
     unpack,
 )
+from .host import TRANSFORM, host_readable
 from .merge import check_agreement, merge_branch_outputs
 from .modes import (
     USER_MODES,
     flop_rule,
     python_key_rule,
-    readable_under_transform,
     takes_first,
     top_kind,
 )
@@ -161,7 +160,7 @@ def _refuse_subclass_training(form: Form, selector, operands) -> None:
     while its tracer holds only the inner tensors: refused by name, not failed inside."""
     if not torch.is_grad_enabled() or _compat.functional_mode() is None:
         return
-    if readable_on_host(selector):
+    if host_readable(selector):
         return
     if _subclass_rule(form.op, (selector, *operands)) is None:
         return
@@ -233,7 +232,7 @@ def _functionalize(form: Form, ctx, selector, branches, operands):
         traced = trace_in_session(tracer, fns, tuple(operands), labels, mode)
         operands = traced.operands
         written, branches = pending_writes(traced.branches)
-    elif mode is not None and not readable_on_host(selector):
+    elif mode is not None and not host_readable(selector):
         # No trace (AOTAutograd's metadata pass): the writes are found by running the
         # branches, so that the pass sees the same input mutations as the trace.
         inner = ctx.unwrap_tensors(operands)
@@ -272,7 +271,7 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     differentiate the conditional into conditionals (autograd.py), and vmap maps
     every branch (batching.py).
     """
-    if readable_on_host(selector) or readable_under_transform(form.op, selector):
+    if host_readable(selector, TRANSFORM, form.op):
         out = form.taken_branch(selector, branches)(*operands)
         return with_tangents(out) if interpreter.key() == _compat.JVP_TRANSFORM else out
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
