@@ -504,6 +504,8 @@ FOUND_BY_THE_MATRIX = [
     "fx-real|autograd2|constant|cond|select",  # NaN: traced without a gradient, then differentiated
     "export-strict|autograd2|no_operands|switch|select",  # the same through strict export
     "compile-aot_eager|hessian|constant|cond|select",  # AOTAutograd traced the select's checks
+    "eager|jvp.grad|number|cond|select",  # a tangent for a number's 0-d tensor
+    "compile-eager|jvp.grad|number|switch|auto",  # .item() under a transform, forward AD broken
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get
