@@ -406,6 +406,11 @@ class StandIns(torch.overrides.TorchFunctionMode):
         self.made = _ByIdentity(weak=True)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) == "__get__":
+            # A property (requires_grad, _version) reads no value. Checks that run
+            # inside the branch read them from tensors that are not its own, such as
+            # an operand under its torch.func wrappers.
+            return func(*args, **(kwargs or {}))
         args, kwargs = pytree.tree_map_only(torch.Tensor, self._swap, (args, kwargs or {}))
         if is_conditional_op(func) and _compat.is_dynamo_compiling():
             # Dynamo refuses a mode entered, or changing its state, inside the branches

@@ -204,15 +204,9 @@ def _gradient_guard(grad_mode: bool, differentiable: bool) -> Callable[[torch.Te
     Those that need a gradient now. A program traced by make_fx or torch.export may be
     differentiated later, whatever its inputs needed while it was traced, so there
     every floating tensor is masked. torch.compile guards on requires_grad and
-    retraces when it changes, so there the tensors that need one now are enough. So
-    they are inside a torch.func transform, whose levels' unwrapped tensors would
-    read as closed over.
+    retraces when it changes, so there the tensors that need one now are enough.
     """
-    if (
-        _compat.tracing_active()
-        and (not _compat.is_dynamo_compiling() or _compat.is_exporting())
-        and not _compat.transforms_active()
-    ):
+    if _compat.tracing_active() and (not _compat.is_dynamo_compiling() or _compat.is_exporting()):
         return _differentiable_dtype
     if not differentiable:
         return lambda t: False
