@@ -866,13 +866,16 @@ class only_buffer_registration_hook:  # a context manager, named as one
 
     def __enter__(self) -> None:
         hooks = torch.nn.modules.module._global_buffer_registration_hooks
-        self.saved = dict(hooks)
+        self.saved = dict(hooks) if hooks else None  # None: there were none (the usual case)
         hooks.clear()
         hooks[-1] = self.hook
 
     def __exit__(self, *exc) -> None:
         hooks = torch.nn.modules.module._global_buffer_registration_hooks
+        if self.saved is None and len(hooks) == 1 and -1 in hooks:
+            hooks.clear()  # none before, none registered meanwhile
+            return
         added = {k: v for k, v in hooks.items() if k != -1}  # registered meanwhile
         hooks.clear()
-        hooks.update(self.saved)
+        hooks.update(self.saved or {})
         hooks.update(added)
