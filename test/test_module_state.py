@@ -13,6 +13,7 @@ leaves the module as it was. The reference is the eager call.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 
 import pytest
@@ -558,13 +559,14 @@ def test_state_a_branch_reaches_is_found_anew_on_every_call(change, how, monkeyp
 def test_what_a_branch_reaches_is_found_again_only_after_a_change(monkeypatch):
     """While nothing a branch was found to reach changes, the next call reuses what
     was found; a change between calls (an attribute set) makes it find again, and a
-    call that changed something finds again too."""
+    call that changed something finds again too (names are noted: a note holding a
+    branch would keep it from being kept, state._found)."""
     from torchcond._src import state
 
     found = []
     reachable = state._reachable
     monkeypatch.setattr(
-        state, "_reachable", lambda fn, probes: found.append(fn) or reachable(fn, probes)
+        state, "_reachable", lambda fn, probes: found.append(fn.__name__) or reachable(fn, probes)
     )
     model = Logger()
 
@@ -580,22 +582,23 @@ def test_what_a_branch_reaches_is_found_again_only_after_a_change(monkeypatch):
 
     for _ in range(3):
         call()
-    assert found == [true_fn, false_fn]
+    assert found == ["true_fn", "false_fn"]
     model.flag = 1
     call()
-    assert found == [true_fn, false_fn, true_fn]
+    assert found == ["true_fn", "false_fn", "true_fn"]
     model.active = True
     with pytest.raises(BranchMutationError, match=re.escape("true_fn changes model.log")):
         call()
     assert model.log == []
     with pytest.raises(BranchMutationError, match=re.escape("true_fn changes model.log")):
         call()
-    assert found == [true_fn, false_fn, true_fn, true_fn, true_fn]
+    assert found == ["true_fn", "false_fn", "true_fn", "true_fn", "true_fn"]
 
 
 def test_what_a_branch_reaches_is_not_kept_alive_by_the_watch():
-    """What is kept about a branch between calls lives in the branch (its __dict__):
-    dropping the branch and its module frees both, without the cycle collector."""
+    """What is kept about a branch between calls lives as long as the branch, and
+    never holds it: dropping the branch and its module frees both, without the cycle
+    collector."""
     import gc
     import weakref
 
@@ -614,6 +617,50 @@ def test_what_a_branch_reaches_is_not_kept_alive_by_the_watch():
         assert [r() for r in branch_and_module()] == [None, None]
     finally:
         gc.enable()
+
+
+def test_what_is_kept_about_a_branch_is_not_stuck_on_it():
+    """The record of what a branch reaches is kept beside the function, not on it:
+    the function gains no attribute (vars(fn), functools.wraps, pickling see none)."""
+    model = Logger()
+
+    def true_fn(x):
+        model.note()
+        return x + 1
+
+    def false_fn(x):
+        return x - 1
+
+    for _ in range(2):
+        cond(torch.tensor(True), true_fn, false_fn, (torch.ones(2),), strategy="select")
+    assert vars(true_fn) == {} and vars(false_fn) == {}
+
+
+def test_a_branch_that_reaches_itself_is_watched_and_freed():
+    """A branch reaching itself (recursion through a cell, or through a partial) is
+    watched on every call, and its record does not keep it alive."""
+    import gc
+    import weakref
+
+    def branch_and_module(through_partial):
+        model = Logger()
+
+        def true_fn(x, depth=0):
+            model.note()
+            return x + 1 if depth else again(x, depth=1) - 1
+
+        again = functools.partial(true_fn) if through_partial else true_fn
+        for _ in range(2):
+            cond(torch.tensor(True), true_fn, torch.neg, (torch.ones(2),), strategy="select")
+        model.active = True
+        with pytest.raises(BranchMutationError, match=re.escape("true_fn changes model.log")):
+            cond(torch.tensor(True), true_fn, torch.neg, (torch.ones(2),), strategy="select")
+        return weakref.ref(model), weakref.ref(true_fn)
+
+    for through_partial in (False, True):
+        refs = branch_and_module(through_partial)
+        gc.collect()  # true_fn holds itself (a cycle): only the collector frees it
+        assert [r() for r in refs] == [None, None]
 
 
 # --- torch.cond on the same idioms ------------------------------------------------------

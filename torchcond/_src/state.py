@@ -27,7 +27,9 @@ import contextlib
 import contextvars
 import functools
 import operator
+import sys
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -232,10 +234,11 @@ def _contents_probe(value) -> tuple | None:
     return None
 
 
-# Where a function keeps what was found about it (``_Found``), in its __dict__: the
-# record lives exactly as long as the function (a cache outside it would keep the
-# modules the function reaches alive after the user dropped them).
-_FOUND_KEY = "__torchcond_watch__"
+# What was found about each plain function (``_Found``), kept while the function
+# lives: held weakly by the function, so dropping it drops its record, and nothing is
+# stuck on the function itself. A record never holds its own function (``_found``
+# keeps none that does), or the function would live as long as this table.
+_RECORDS: weakref.WeakKeyDictionary[types.FunctionType, _Found] = weakref.WeakKeyDictionary()
 
 
 class _Found:
@@ -250,12 +253,9 @@ class _Found:
         self.states = _reachable(fn, self.probes)
         self.snapshot = _C.watch_snapshot(self.probes)
         # The function's own attributes, compared here rather than probed: a probe
-        # would hold the function, and the function holds this record.
+        # would hold the function, which a kept record may not (_RECORDS).
         self.root = _root_attributes(fn) if type(fn) is types.FunctionType else None
         self.valid = True
-
-    def __reduce__(self):  # a pickled function (cloudpickle) carries no record
-        return (_no_record, ())
 
     def unchanged(self) -> bool:
         """Whether everything probed reads as when it was found: never true where
@@ -274,10 +274,6 @@ class _Found:
         )
 
 
-def _no_record() -> None:
-    return None
-
-
 def _root_attributes(fn: types.FunctionType) -> tuple:
     """What ``_reachable`` reads of ``fn`` itself, compared by identity (``fits``);
     the contents of ``__kwdefaults__``, a dict, are probed."""
@@ -287,14 +283,26 @@ def _root_attributes(fn: types.FunctionType) -> tuple:
 def _found(fn: Callable) -> _Found:
     """What ``fn`` reaches, found anew unless nothing it was found from has changed
     since the last call (kept for plain functions only: a bound method, a partial,
-    are made anew by the caller, and would need a record outside them)."""
+    are made anew by the caller).
+
+    A record that holds ``fn`` (a branch that reaches itself: recursion through a
+    global or a cell, a module attribute holding it) is not kept: the table would
+    keep ``fn`` alive forever. Whether it does is told by ``fn``'s reference count,
+    which anything the record holds ``fn`` through (a probe, a snapshot, a state's
+    value) raises; the walk adds a probe of ``fn`` wherever it meets ``fn`` again,
+    so that a path through objects that held it before (a partial's arguments) is
+    told too."""
     if type(fn) is not types.FunctionType:
         return _Found(fn)
-    found = fn.__dict__.get(_FOUND_KEY)
-    if type(found) is _Found and found.fits(fn):
+    found = _RECORDS.get(fn)
+    if found is not None and found.fits(fn):
         return found
+    count = sys.getrefcount(fn)
     found = _Found(fn)
-    fn.__dict__[_FOUND_KEY] = found
+    if sys.getrefcount(fn) == count:
+        _RECORDS[fn] = found
+    else:
+        _RECORDS.pop(fn, None)
     return found
 
 
@@ -671,6 +679,8 @@ class _Finder:
     def visit(self, value, text: str, depth: int) -> None:
         seen, probes = self.seen, self.probes
         if id(value) in seen or depth > _MAX_DEPTH:
+            if value is self.fn:  # it reaches itself: its record is not kept (_found)
+                probes.append((_TYPE, value))
             return
         seen.add(id(value))
         if value is not self.fn:  # a function's type never changes; the root's record
