@@ -11,5 +11,7 @@ void bind_write_recorder(pybind11::module& m);
 void bind_batching(pybind11::module& m);
 // torchcond._C.taken_branch, taken_case, plain_tensors and eager_init (eager.cpp).
 void bind_eager(pybind11::module& m);
+// torchcond._C.watch_snapshot and watch_same (watch.cpp).
+void bind_watch(pybind11::module& m);
 
 }  // namespace torchcond

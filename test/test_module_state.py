@@ -13,6 +13,7 @@ leaves the module as it was. The reference is the eager call.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 
 import pytest
@@ -488,6 +489,12 @@ CHANGED_BETWEEN_CALLS = {
     "global": "true_fn changes GLOBAL_LOGGER.log (a list)",
     "submodule": "true_fn changes holder.sub.log (a list)",
     "attribute": "true_fn changes holder.log (a list)",
+    # What a branch reaches is kept between calls while nothing it was found from
+    # changes (state._Found): a default rebound, a keyword default replaced in place,
+    # a global the code names defined only after the first call.
+    "default": "true_fn changes a default argument.log (a list)",
+    "keyword default": "true_fn changes a default argument.log (a list)",
+    "late global": "true_fn changes LATE_LOGGER.log (a list)",
 }
 
 
@@ -503,7 +510,7 @@ def test_state_a_branch_reaches_is_found_anew_on_every_call(change, how, monkeyp
     target = Logger()
     monkeypatch.setitem(globals(), "GLOBAL_LOGGER", Logger())
 
-    def true_fn(x):
+    def true_fn(x, logger=target, *, klog=target):
         if change == "closure":
             target.note()
         elif change == "global":
@@ -511,6 +518,13 @@ def test_state_a_branch_reaches_is_found_anew_on_every_call(change, how, monkeyp
         elif change == "submodule":
             for child in holder.children():
                 child.note()
+        elif change == "default":
+            logger.note()
+        elif change == "keyword default":
+            klog.note()
+        elif change == "late global":
+            if "LATE_LOGGER" in globals():
+                LATE_LOGGER.note()  # noqa: F821 (defined between the calls)
         elif hasattr(holder, "log"):
             holder.log.append(1)
         return x + 1
@@ -529,11 +543,124 @@ def test_state_a_branch_reaches_is_found_anew_on_every_call(change, how, monkeyp
         monkeypatch.setitem(globals(), "GLOBAL_LOGGER", noisy)
     elif change == "submodule":
         holder.sub = noisy
+    elif change == "default":
+        true_fn.__defaults__ = (noisy,)
+    elif change == "keyword default":
+        true_fn.__kwdefaults__["klog"] = noisy
+    elif change == "late global":
+        monkeypatch.setitem(globals(), "LATE_LOGGER", noisy)
     else:
         holder.log = []
     with pytest.raises(BranchMutationError, match=re.escape(CHANGED_BETWEEN_CALLS[change])):
         call(x)
     assert noisy.log == [] and getattr(holder, "log", []) == []
+
+
+def test_what_a_branch_reaches_is_found_again_only_after_a_change(monkeypatch):
+    """While nothing a branch was found to reach changes, the next call reuses what
+    was found; a change between calls (an attribute set) makes it find again, and a
+    call that changed something finds again too (names are noted: a note holding a
+    branch would keep it from being kept, state._found)."""
+    from torchcond._src import state
+
+    found = []
+    reachable = state._reachable
+    monkeypatch.setattr(
+        state, "_reachable", lambda fn, probes: found.append(fn.__name__) or reachable(fn, probes)
+    )
+    model = Logger()
+
+    def true_fn(x):
+        model.note()
+        return x + 1
+
+    def false_fn(x):
+        return x - 1
+
+    def call():
+        return cond(torch.tensor(True), true_fn, false_fn, (torch.ones(2),), strategy="select")
+
+    for _ in range(3):
+        call()
+    assert found == ["true_fn", "false_fn"]
+    model.flag = 1
+    call()
+    assert found == ["true_fn", "false_fn", "true_fn"]
+    model.active = True
+    with pytest.raises(BranchMutationError, match=re.escape("true_fn changes model.log")):
+        call()
+    assert model.log == []
+    with pytest.raises(BranchMutationError, match=re.escape("true_fn changes model.log")):
+        call()
+    assert found == ["true_fn", "false_fn", "true_fn", "true_fn", "true_fn"]
+
+
+def test_what_a_branch_reaches_is_not_kept_alive_by_the_watch():
+    """What is kept about a branch between calls lives as long as the branch, and
+    never holds it: dropping the branch and its module frees both, without the cycle
+    collector."""
+    import gc
+    import weakref
+
+    def branch_and_module():
+        model = Logger()
+
+        def true_fn(x):
+            model.note()
+            return x + 1
+
+        cond(torch.tensor(True), true_fn, torch.neg, (torch.ones(2),), strategy="select")
+        return weakref.ref(model), weakref.ref(true_fn)
+
+    gc.disable()
+    try:
+        assert [r() for r in branch_and_module()] == [None, None]
+    finally:
+        gc.enable()
+
+
+def test_what_is_kept_about_a_branch_is_not_stuck_on_it():
+    """The record of what a branch reaches is kept beside the function, not on it:
+    the function gains no attribute (vars(fn), functools.wraps, pickling see none)."""
+    model = Logger()
+
+    def true_fn(x):
+        model.note()
+        return x + 1
+
+    def false_fn(x):
+        return x - 1
+
+    for _ in range(2):
+        cond(torch.tensor(True), true_fn, false_fn, (torch.ones(2),), strategy="select")
+    assert vars(true_fn) == {} and vars(false_fn) == {}
+
+
+def test_a_branch_that_reaches_itself_is_watched_and_freed():
+    """A branch reaching itself (recursion through a cell, or through a partial) is
+    watched on every call, and its record does not keep it alive."""
+    import gc
+    import weakref
+
+    def branch_and_module(through_partial):
+        model = Logger()
+
+        def true_fn(x, depth=0):
+            model.note()
+            return x + 1 if depth else again(x, depth=1) - 1
+
+        again = functools.partial(true_fn) if through_partial else true_fn
+        for _ in range(2):
+            cond(torch.tensor(True), true_fn, torch.neg, (torch.ones(2),), strategy="select")
+        model.active = True
+        with pytest.raises(BranchMutationError, match=re.escape("true_fn changes model.log")):
+            cond(torch.tensor(True), true_fn, torch.neg, (torch.ones(2),), strategy="select")
+        return weakref.ref(model), weakref.ref(true_fn)
+
+    for through_partial in (False, True):
+        refs = branch_and_module(through_partial)
+        gc.collect()  # true_fn holds itself (a cycle): only the collector frees it
+        assert [r() for r in refs] == [None, None]
 
 
 # --- torch.cond on the same idioms ------------------------------------------------------

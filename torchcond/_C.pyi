@@ -4,7 +4,7 @@
 # checks, which the fake kernels in _src/select_ops.py call; they raise ValueError or
 # TypeError. _needs_derivative tells the operators' Autograd kernels whether a
 # derivative is needed. The rest serve torchcond's own hot paths (csrc/write_recorder.cpp,
-# csrc/eager.cpp, csrc/batching.cpp).
+# csrc/eager.cpp, csrc/batching.cpp, csrc/watch.cpp).
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -62,3 +62,5 @@ def batch_first(
     values: Sequence[torch.Tensor | None], level: int, size: int
 ) -> list[torch.Tensor | None]: ...
 def batched(values: Sequence[torch.Tensor], level: int) -> list[torch.Tensor]: ...
+def watch_snapshot(probes: list[tuple]) -> list: ...
+def watch_same(probes: list[tuple], snapshot: list) -> bool: ...

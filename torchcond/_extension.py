@@ -17,7 +17,7 @@ import torch
 
 # Bumped with every change to the operators' schemas or torchcond._C's functions
 # (csrc/ops.cpp, kAbiVersion there).
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REBUILD = (

@@ -27,14 +27,16 @@ import contextlib
 import contextvars
 import functools
 import operator
+import sys
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .. import _compat
+from .. import _C, _compat
 from ..errors import BranchMutationError
 
 # --- the rules, shared by every way a branch is traced -------------------------------
@@ -206,6 +208,8 @@ def run_branch(fn: Callable, label: str, operands) -> object:
         except BaseException:
             watch.restore()
             raise
+    if not watch.buffers and watch.found.unchanged():
+        return out  # the common case: the branch changed nothing it can reach
     for buffer, value in watch.settle(under_select=how == "select"):
         buffer.copy_(value)
     return out
@@ -214,12 +218,101 @@ def run_branch(fn: Callable, label: str, operands) -> object:
 _MISSING = object()
 
 
+# Probes of what a branch can reach (torchcond._C.watch_snapshot, csrc/watch.cpp): a
+# tuple (kind, object[, key]), read as identities.
+_ATTR, _ITEM, _CELL, _DICT, _LIST, _SET, _TYPE = range(7)
+
+
+def _contents_probe(value) -> tuple | None:
+    """The probe of a list, dict or set's contents (``_same_contents``), or None."""
+    if isinstance(value, dict):
+        return (_DICT, value)
+    if isinstance(value, list):
+        return (_LIST, value)
+    if isinstance(value, set):
+        return (_SET, value)
+    return None
+
+
+# What was found about each plain function (``_Found``), kept while the function
+# lives: held weakly by the function, so dropping it drops its record, and nothing is
+# stuck on the function itself. A record never holds its own function (``_found``
+# keeps none that does), or the function would live as long as this table.
+_RECORDS: weakref.WeakKeyDictionary[types.FunctionType, _Found] = weakref.WeakKeyDictionary()
+
+
+class _Found:
+    """What a branch ``fn`` can reach (``_reachable``), and a snapshot of everything
+    that was read to find it and that its states compare: while every probe reads as
+    it did, finding it again would find the same states, each as it is now."""
+
+    __slots__ = ("probes", "root", "snapshot", "states", "valid")
+
+    def __init__(self, fn: Callable):
+        self.probes: list[tuple] = []
+        self.states = _reachable(fn, self.probes)
+        self.snapshot = _C.watch_snapshot(self.probes)
+        # The function's own attributes, compared here rather than probed: a probe
+        # would hold the function, which a kept record may not (_RECORDS).
+        self.root = _root_attributes(fn) if type(fn) is types.FunctionType else None
+        self.valid = True
+
+    def unchanged(self) -> bool:
+        """Whether everything probed reads as when it was found: never true where
+        anything a state compares differs (it may be false where nothing does)."""
+        return _C.watch_same(self.probes, self.snapshot)
+
+    def fits(self, fn: types.FunctionType) -> bool:
+        root = self.root
+        return (
+            self.valid
+            and fn.__code__ is root[0]
+            and fn.__defaults__ is root[1]
+            and fn.__kwdefaults__ is root[2]
+            and fn.__module__ is root[3]
+            and self.unchanged()
+        )
+
+
+def _root_attributes(fn: types.FunctionType) -> tuple:
+    """What ``_reachable`` reads of ``fn`` itself, compared by identity (``fits``);
+    the contents of ``__kwdefaults__``, a dict, are probed."""
+    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__, fn.__module__)
+
+
+def _found(fn: Callable) -> _Found:
+    """What ``fn`` reaches, found anew unless nothing it was found from has changed
+    since the last call (kept for plain functions only: a bound method, a partial,
+    are made anew by the caller).
+
+    A record that holds ``fn`` (a branch that reaches itself: recursion through a
+    global or a cell, a module attribute holding it) is not kept: the table would
+    keep ``fn`` alive forever. Whether it does is told by ``fn``'s reference count,
+    which anything the record holds ``fn`` through (a probe, a snapshot, a state's
+    value) raises; the walk adds a probe of ``fn`` wherever it meets ``fn`` again,
+    so that a path through objects that held it before (a partial's arguments) is
+    told too."""
+    if type(fn) is not types.FunctionType:
+        return _Found(fn)
+    found = _RECORDS.get(fn)
+    if found is not None and found.fits(fn):
+        return found
+    count = sys.getrefcount(fn)
+    found = _Found(fn)
+    if sys.getrefcount(fn) == count:
+        _RECORDS[fn] = found
+    else:
+        _RECORDS.pop(fn, None)
+    return found
+
+
 class _Watch:
     """The state one branch can reach, as it was before the branch ran."""
 
     def __init__(self, fn: Callable, label: str):
         self.label = label
-        self.states = _reachable(fn)
+        self.found = _found(fn)
+        self.states = self.found.states
         # (id(module), name) -> (module, name, the buffer before the branch, or _MISSING)
         self.buffers: dict[tuple[int, str], tuple[torch.nn.Module, str, Any]] = {}
         # The states the branch changed, found once it returns (``changed``).
@@ -241,6 +334,7 @@ class _Watch:
     def settle(self, under_select: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``(buffer, new value)`` for each buffer the branch assigned; everything the
         branch changed is put back first, and a change no write carries refused."""
+        self.found.valid = False  # found anew on the next call, whatever happens here
         changed = self.changed()
         if not changed and not self.buffers:
             return []
@@ -282,6 +376,7 @@ class _Watch:
         return old, new
 
     def restore(self) -> None:
+        self.found.valid = False
         for module, name, old in self.buffers.values():
             if old is _MISSING:
                 module._buffers.pop(name, None)
@@ -334,6 +429,11 @@ class _ObjectState:
         self.names = tuple(everything)
         self.attrs = {k: everything[k] for k in self._watched_names(self.names)}
         self.contents = {k: v.copy() for k, v in self.attrs.items() if isinstance(v, _CONTAINERS)}
+
+    def probe(self, probes: list) -> None:
+        """Add the probes of what ``changed`` compares (``_Found``)."""
+        probes.append((_DICT, vars(self.obj)))
+        probes.extend(_contents_probe(self.attrs[k]) for k in self.contents)
 
     def _watched_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
         return names
@@ -395,6 +495,10 @@ class _ModuleState(_ObjectState):
         self.registries = {r: dict(getattr(module, r)) for r in _REGISTRIES}
         self.buffers = self.registries["_buffers"]
 
+    def probe(self, probes: list) -> None:
+        super().probe(probes)
+        probes.extend((_DICT, getattr(self.module, r)) for r in _REGISTRIES)
+
     def _watched_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
         return _module_attributes(names, self._builtin)
 
@@ -449,6 +553,15 @@ class _VariableState:
     def get(self):
         raise NotImplementedError
 
+    def probe(self, probes: list) -> None:
+        """Add the probes of what ``changed`` compares (``_Found``)."""
+        probes.append(self._probe())
+        if self.contents is not None:
+            probes.append(_contents_probe(self.value))
+
+    def _probe(self) -> tuple:
+        raise NotImplementedError
+
     def put(self, value) -> None:
         raise NotImplementedError
 
@@ -485,6 +598,9 @@ class _CellState(_VariableState):
     def get(self):
         return self.cell.cell_contents
 
+    def _probe(self) -> tuple:
+        return (_CELL, self.cell)
+
     def put(self, value) -> None:
         self.cell.cell_contents = value
 
@@ -498,6 +614,9 @@ class _GlobalState(_VariableState):
 
     def get(self):
         return self.namespace[self.text]
+
+    def _probe(self) -> tuple:
+        return (_ITEM, self.namespace, self.text)
 
     def put(self, value) -> None:
         self.namespace[self.text] = value
@@ -529,58 +648,94 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
 _MAX_DEPTH = 4  # functions followed through closures and globals
 
 
-def _reachable(fn: Callable) -> list:
+def _reachable(fn: Callable, probes: list) -> list:
     """The state ``fn`` can reach through what it closes over, its ``self``, its
     default arguments and the globals its code names, following functions a few
     levels deep: modules (and their submodules), user objects, variables and the
-    containers they hold. Found again on every call, reading what is there now, so
-    that a variable rebound or a submodule added between calls is watched too."""
-    states: list = []
-    seen: set[int] = set()
+    containers they hold. Read from what is there now, so that a variable rebound or
+    a submodule added between calls is watched too.
 
-    def visit(value, text: str, depth: int) -> None:
+    ``probes`` receives a probe (``_Found``) of everything read here and everything
+    the states compare, except ``fn``'s own attributes (``_root_attributes``)."""
+    finder = _Finder(fn, probes)
+    finder.visit(fn, getattr(fn, "__name__", "the branch"), 0)
+    return finder.states
+
+
+class _Finder:
+    """``_reachable``'s walk. A class rather than nested functions, which would hold
+    each other (and ``fn``) in a cycle, alive until the cycle collector runs."""
+
+    def __init__(self, fn: Callable, probes: list):
+        self.fn = fn
+        self.probes = probes
+        self.states: list = []
+        self.seen: set[int] = set()
+
+    def add(self, state) -> None:
+        self.states.append(state)
+        state.probe(self.probes)
+
+    def visit(self, value, text: str, depth: int) -> None:
+        seen, probes = self.seen, self.probes
         if id(value) in seen or depth > _MAX_DEPTH:
+            if value is self.fn:  # it reaches itself: its record is not kept (_found)
+                probes.append((_TYPE, value))
             return
         seen.add(id(value))
+        if value is not self.fn:  # a function's type never changes; the root's record
+            probes.append((_TYPE, value))  # may not hold the root (_Found)
         if isinstance(value, torch.nn.Module):
             for name, module in value.named_modules():
                 if name == "" or id(module) not in seen:
                     seen.add(id(module))
-                    states.append(_ModuleState(f"{text}.{name}" if name else text, module))
+                    probes.append((_TYPE, module))
+                    self.add(_ModuleState(f"{text}.{name}" if name else text, module))
         elif isinstance(value, types.MethodType):
-            visit(value.__self__, "self", depth)
-            visit(value.__func__, text, depth)
+            self.visit(value.__self__, "self", depth)
+            self.visit(value.__func__, text, depth)
         elif isinstance(value, types.FunctionType):
-            visit_function(value, depth)
+            self.visit_function(value, depth)
         elif isinstance(value, functools.partial):
+            probes.extend((_ATTR, value, a) for a in ("func", "args", "keywords"))
+            probes.append((_DICT, value.keywords))
             for part in (value.func, *value.args, *value.keywords.values()):
-                visit(part, text, depth + 1)
+                self.visit(part, text, depth + 1)
         elif callable(value) and not _user_code(type(value)) and hasattr(value, "__dict__"):
+            probes.append((_DICT, vars(value)))
             for name, part in vars(value).items():  # torchcond's wrappers of a branch
-                visit(part, name, depth + 1)
+                self.visit(part, name, depth + 1)
         elif _user_code(type(value)) and hasattr(value, "__dict__") and not isinstance(value, type):
-            states.append(_ObjectState(text, value))
+            self.add(_ObjectState(text, value))
 
-    def visit_function(fn: types.FunctionType, depth: int) -> None:
-        user = _user_code(fn)
-        code = fn.__code__
-        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+    def visit_function(self, f: types.FunctionType, depth: int) -> None:
+        probes = self.probes
+        if f is not self.fn:
+            probes.extend((_ATTR, f, a) for a in ("__code__", "__defaults__", "__module__"))
+            probes.append((_ATTR, f, "__kwdefaults__"))
+        if f.__kwdefaults__ is not None:
+            probes.append((_DICT, f.__kwdefaults__))
+        user = _user_code(f)
+        code = f.__code__
+        for name, cell in zip(code.co_freevars, f.__closure__ or ()):
             try:
                 contents = cell.cell_contents
             except ValueError:  # not bound yet
+                probes.append((_CELL, cell))
                 continue
             if user:
-                states.append(_CellState(name, cell))
-            visit(contents, name, depth + 1)
-        for default in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
-            visit(default, "a default argument", depth + 1)
+                self.add(_CellState(name, cell))
+            else:
+                probes.append((_CELL, cell))
+            self.visit(contents, name, depth + 1)
+        for default in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()):
+            self.visit(default, "a default argument", depth + 1)
         if not user:
             return
-        namespace = fn.__globals__
+        namespace = f.__globals__
         for name in _global_names(code):
             if name in namespace and not isinstance(namespace[name], types.ModuleType):
-                states.append(_GlobalState(name, namespace))
-                visit(namespace[name], name, depth + 1)
-
-    visit(fn, getattr(fn, "__name__", "the branch"), 0)
-    return states
+                self.add(_GlobalState(name, namespace))
+                self.visit(namespace[name], name, depth + 1)
+            else:  # absent, or a module: only read
+                probes.append((_ITEM, namespace, name))
