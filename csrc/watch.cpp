@@ -8,7 +8,7 @@
 //   kAttr (0, obj, name): getattr(obj, name), or a sentinel on AttributeError;
 //   kItem (1, dict, key): dict.get(key), or the sentinel;
 //   kCell (2, cell): its contents, or the sentinel for an empty cell;
-//   kDict (3, dict): its keys and values, in order;
+//   kDict (3, dict or mappingproxy): its keys and values, in order;
 //   kList (4, list): its items, in order;
 //   kSet (5, set): its items (compared as `len(now) == len(before) and all(v in before
 //     for v in now)`, as state._same_contents compares sets);
@@ -28,6 +28,14 @@ enum Kind : long { kAttr = 0, kItem = 1, kCell = 2, kDict = 3, kList = 4, kSet =
 PyObject* missing() {
   static PyObject* sentinel = PyBaseObject_Type.tp_alloc(&PyBaseObject_Type, 0);
   return sentinel;
+}
+
+// A new reference to the dict a kDict probe reads: the object itself, or a copy of
+// what a mappingproxy (a class's __dict__) shows; nullptr (no error) for anything else.
+PyObject* dict_of(PyObject* object) {
+  if (PyDict_Check(object)) return Py_NewRef(object);
+  if (Py_IS_TYPE(object, &PyDictProxy_Type)) return PyObject_CallMethod(object, "copy", nullptr);
+  return nullptr;
 }
 
 // A new reference to what `probe` reads now, or nullptr with a Python error set.
@@ -62,15 +70,21 @@ PyObject* read(PyObject* probe) {
       return Py_NewRef(value == nullptr ? missing() : value);
     }
     case kDict: {
-      if (!PyDict_Check(object)) break;
-      PyObject* items = PyTuple_New(2 * PyDict_GET_SIZE(object));
-      if (items == nullptr) return nullptr;
-      Py_ssize_t pos = 0, i = 0;
-      PyObject *k, *v;
-      while (PyDict_Next(object, &pos, &k, &v)) {
-        PyTuple_SET_ITEM(items, i++, Py_NewRef(k));
-        PyTuple_SET_ITEM(items, i++, Py_NewRef(v));
+      PyObject* dict = dict_of(object);
+      if (dict == nullptr) {
+        if (PyErr_Occurred()) return nullptr;
+        break;
       }
+      PyObject* items = PyTuple_New(2 * PyDict_GET_SIZE(dict));
+      if (items != nullptr) {
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(dict, &pos, &k, &v)) {
+          PyTuple_SET_ITEM(items, i++, Py_NewRef(k));
+          PyTuple_SET_ITEM(items, i++, Py_NewRef(v));
+        }
+      }
+      Py_DECREF(dict);
       return items;
     }
     case kList:
@@ -102,14 +116,17 @@ int same(PyObject* probe, PyObject* before) {
       return (value == nullptr ? missing() : value) == before;
     }
     case kDict: {
-      if (2 * PyDict_GET_SIZE(object) != PyTuple_GET_SIZE(before)) return 0;
+      PyObject* dict = dict_of(object);
+      if (dict == nullptr) return -1;  // read() accepted it, so only an error gets here
+      int result = 2 * PyDict_GET_SIZE(dict) == PyTuple_GET_SIZE(before);
       Py_ssize_t pos = 0, i = 0;
       PyObject *k, *v;
-      while (PyDict_Next(object, &pos, &k, &v)) {
-        if (k != PyTuple_GET_ITEM(before, i) || v != PyTuple_GET_ITEM(before, i + 1)) return 0;
+      while (result && PyDict_Next(dict, &pos, &k, &v)) {
+        result = k == PyTuple_GET_ITEM(before, i) && v == PyTuple_GET_ITEM(before, i + 1);
         i += 2;
       }
-      return 1;
+      Py_DECREF(dict);
+      return result;
     }
     case kList: {
       const Py_ssize_t n = PyList_GET_SIZE(object);
