@@ -266,6 +266,7 @@ class _Found:
         root = self.root
         return (
             self.valid
+            and root is not None
             and fn.__code__ is root[0]
             and fn.__defaults__ is root[1]
             and fn.__kwdefaults__ is root[2]
