@@ -313,8 +313,22 @@ def _mask_gradients(mask: torch.Tensor, values) -> list:
         # torch.where, whose derivative masks again, so a traced program's second
         # order is safe too. A fused select under torch.compile would be saved and
         # its second-order gradient dropped without an error.
-        return [torch.where(mask, v, v.detach()) for v in values]
+        return [torch.where(mask, v, _without_gradient(v)) for v in values]
     return select_ops.select(mask, values, [v.detach() for v in values])
+
+
+# Integer dtypes by element size, for _without_gradient.
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _without_gradient(v: torch.Tensor) -> torch.Tensor:
+    """``v``'s values, with no gradient in a traced program either. torch 2.15's
+    make_fx records ``detach`` as ``alias``, which a replay of the graph
+    differentiates; a view as integers and back is never differentiated."""
+    as_int = _SAME_SIZE_INT.get(v.element_size())
+    if as_int is None or v.is_complex():  # complex128: no integer of its size
+        return v.detach()
+    return v.view(as_int).view(v.dtype)
 
 
 def _masked(mask: torch.Tensor, operands, guarded) -> list:
