@@ -27,6 +27,9 @@ def _torch_version() -> tuple[int, int]:
 
 
 TORCH_VERSION = _torch_version()
+# make_fx records ``detach`` as a differentiable ``alias`` from torch 2.14 on (checked:
+# detach on 2.11 and 2.13, alias on 2.14 and 2.15).
+DETACH_TRACED_AS_ALIAS = TORCH_VERSION >= (2, 14)
 if TORCH_VERSION < MIN_TORCH:
     raise ImportError(
         f"torchcond needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; found torch {torch.__version__}"

@@ -322,12 +322,13 @@ _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _without_gradient(v: torch.Tensor) -> torch.Tensor:
-    """``v``'s values, with no gradient in a traced program either. torch 2.15's
+    """``v``'s values, with no gradient in a traced program either. From torch 2.14
     make_fx records ``detach`` as ``alias``, which a replay of the graph
-    differentiates; a view as integers and back is never differentiated."""
+    differentiates; a view as integers and back is never differentiated (torch 2.11
+    has no vmap rule for that view, and records ``detach`` as such)."""
     as_int = _SAME_SIZE_INT.get(v.element_size())
-    if as_int is None or v.is_complex():  # complex128: no integer of its size
-        return v.detach()
+    if not _compat.DETACH_TRACED_AS_ALIAS or as_int is None or v.is_complex():
+        return v.detach()  # complex128: no integer of its size
     return v.view(as_int).view(v.dtype)
 
 
