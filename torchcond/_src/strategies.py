@@ -143,7 +143,10 @@ def run_every_branch(
         refused = [False] * len(operands)
     guards = _gradient_guard(grad_mode, differentiable)
     # Operands whose gradient only the taken examples may feed.
-    guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and guards(t)]
+    if _differentiated_later():
+        guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and guards(t)]
+    else:
+        guarded = [i for i, r in enumerate(refused) if r]
     writes = BranchWrites(operands, refused, owning=differentiable)
     # A buffer a branch assigns, or other Python state it changes: refused (state.py).
     with every_branch_runs("select"):
@@ -201,12 +204,10 @@ def _gradient_guard(grad_mode: bool, differentiable: bool) -> Callable[[torch.Te
     """Which tensors a branch reads masked, so that their gradient comes only from the
     examples that take it.
 
-    Those that need a gradient now. A program traced by make_fx or torch.export may be
-    differentiated later, whatever its inputs needed while it was traced, so there
-    every floating tensor is masked. torch.compile guards on requires_grad and
-    retraces when it changes, so there the tensors that need one now are enough.
+    Those that need a gradient now, or every floating one in a program that may be
+    differentiated later (``_differentiated_later``).
     """
-    if _compat.tracing_active() and (not _compat.is_dynamo_compiling() or _compat.is_exporting()):
+    if _differentiated_later():
         return _differentiable_dtype
     if not differentiable:
         return lambda t: False
@@ -218,6 +219,15 @@ def _gradient_guard(grad_mode: bool, differentiable: bool) -> Callable[[torch.Te
             return needs_grad(t)
 
     return now
+
+
+def _differentiated_later() -> bool:
+    """Whether the program being traced may be differentiated later, whatever its
+    inputs need now: one that make_fx or torch.export traces. torch.compile guards on
+    requires_grad and retraces when it changes."""
+    return _compat.tracing_active() and (
+        not _compat.is_dynamo_compiling() or _compat.is_exporting()
+    )
 
 
 def _differentiable_dtype(t: torch.Tensor) -> bool:
