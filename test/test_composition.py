@@ -506,6 +506,10 @@ FOUND_BY_THE_MATRIX = [
     "compile-aot_eager|hessian|constant|cond|select",  # AOTAutograd traced the select's checks
     "eager|jvp.grad|number|cond|select",  # a tangent for a number's 0-d tensor
     "compile-eager|jvp.grad|number|switch|auto",  # .item() under a transform, forward AD broken
+    "export-nonstrict|grad|unbacked|cond|auto",  # grad's inputs exported as fake constants
+    "export-strict|grad|ordinary|cond|auto",  # the same, and a torch.func level left active
+    "export-nonstrict|jvp|ordinary|cond|select",  # select's Function under jvp: not registered
+    "export-nonstrict|jvp|constant|switch|select",  # a tangentless full_like as a constant
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get

@@ -9,7 +9,7 @@ import torch
 from helpers import count_nodes
 from torch.export import Dim, export
 
-from torchcond import cond, switch
+from torchcond import UnsupportedCondError, cond, switch
 
 STRICTNESS = pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
 BATCH = Dim("batch", min=2, max=64)
@@ -391,3 +391,125 @@ def test_jvp_of_a_conditional(strict):
     for p in (True, False):
         want = (x.sin(), x.cos()) if p else (x.cos(), -x.sin())
         torch.testing.assert_close(loaded(x, torch.tensor(p)), want)
+
+
+@STRICTNESS
+def test_jvp_of_a_conditional_with_strategy_select(strict):
+    # Every branch runs and one select picks: export records the select operator,
+    # whose own forward-mode rule gives the tangent when the program runs.
+    class M(torch.nn.Module):
+        def forward(self, x, p):
+            f = lambda x: cond(p, torch.sin, torch.cos, (x,), strategy="select")  # noqa: E731
+            return torch.func.jvp(f, (x,), (torch.ones_like(x),))
+
+    args = (torch.randn(3), torch.tensor(True))
+    try:
+        loaded = export(M(), args, strict=strict).module()
+    except Exception as error:
+        # torch 2.11 exports no torch.func.jvp (test_jvp_of_a_conditional); dynamo
+        # cannot fake a transform's view under strict export, select or not.
+        with pytest.raises(type(error)):
+            export(Sinusoid(), args, strict=strict)
+        return
+    x = torch.randn(3)
+    for p in (True, False):
+        want = (x.sin(), x.cos()) if p else (x.cos(), -x.sin())
+        torch.testing.assert_close(loaded(x, torch.tensor(p)), want)
+
+
+class Sinusoid(torch.nn.Module):
+    """torch.func.jvp of torch.where over sin and cos: the select path without torchcond."""
+
+    def forward(self, x, p):
+        f = lambda x: torch.where(p, x.sin(), x.cos())  # noqa: E731
+        return torch.func.jvp(f, (x,), (torch.ones_like(x),))
+
+
+class UnderGrad(torch.nn.Module):
+    """torch.func.grad (or vjp) of a conditional, closed over ``y`` or not."""
+
+    def __init__(self, transform: str, strategy: str = "auto", closure: bool = False):
+        super().__init__()
+        self.transform, self.strategy, self.closure = transform, strategy, closure
+
+    def forward(self, x, y, p):
+        def f(x):
+            if self.closure:
+                return cond(p, lambda: (x * y).sin(), lambda: x.cos(), (), strategy=self.strategy)
+            return cond(p, torch.sin, torch.cos, (x,), strategy=self.strategy)
+
+        if self.transform == "grad":
+            return torch.func.grad(lambda x: f(x).sum())(x)
+        out, pullback = torch.func.vjp(f, x)
+        return pullback(torch.ones_like(out))
+
+
+class PlainGrad(torch.nn.Module):
+    def forward(self, x, y, p):
+        return torch.func.grad(lambda x: x.sin().sum())(x)
+
+
+def _exported_value_or_error(model, args, strict):
+    try:
+        return export(model, args, strict=strict).module()(*args)
+    except Exception as error:
+        return error
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp"])
+@pytest.mark.parametrize("strategy", ["auto", "select"])
+@pytest.mark.parametrize("closure", [False, True], ids=["operand", "closure"])
+def test_reverse_mode_transform_over_a_conditional_is_refused_by_non_strict_export(
+    transform, strategy, closure
+):
+    # torch records what grad differentiates as a constant of the exported program,
+    # conditional or not: its own program returns a fake tensor, or fails (2.11).
+    args = (torch.tensor([0.5, 2.0]), torch.tensor(1.5), torch.tensor(True))
+    plain = _exported_value_or_error(PlainGrad(), args, strict=False)
+    assert isinstance(plain, Exception) or isinstance(plain, torch._subclasses.FakeTensor), (
+        "torch exports torch.func.grad now: lift torchcond's refusal (untraced.py)"
+    )
+    model = UnderGrad(transform, strategy, closure)
+    where = "a tensor" if closure else "operands leaf 0|the selector"
+    with pytest.raises(UnsupportedCondError, match=f"({where}).* does not record"):
+        export(model, args, strict=False)
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
+    torch.testing.assert_close(torch.func.jacfwd(torch.sin)(torch.zeros(2)), torch.eye(2))
+
+
+def test_a_tangentless_tensor_under_jvp_is_refused_by_non_strict_export():
+    # full_like's output under jvp carries no tangent, and torch's export holds it as
+    # a constant, as it does in torch.where without a conditional.
+    class M(torch.nn.Module):
+        def forward(self, x, i):
+            branches = [torch.sin, lambda x: torch.full_like(x, 3.0)]
+            f = lambda x: switch(i, branches, (x,), strategy="select")  # noqa: E731
+            return torch.func.jvp(f, (x,), (torch.ones_like(x),))
+
+    args = (torch.tensor([0.5, 2.0]), torch.tensor(0))
+    try:
+        export(Sinusoid(), (args[0], torch.tensor(True)), strict=False)
+    except Exception as error:  # torch 2.11 exports no jvp at all
+        with pytest.raises(type(error)):
+            export(M(), args, strict=False)
+        return
+    with pytest.raises(
+        UnsupportedCondError, match=r"an output of branches\[1\] .* does not record"
+    ):
+        export(M(), args, strict=False)
+
+
+@pytest.mark.parametrize("closure", [False, True], ids=["operand", "closure"])
+def test_reverse_mode_transform_over_a_conditional_is_refused_by_strict_export(closure):
+    # Refused in dynamo's pass, which torch reports as the operator's failure to
+    # capture, ours as its cause: no torch.func level is left active.
+    args = (torch.tensor([0.5, 2.0]), torch.tensor(1.5), torch.tensor(True))
+    plain = _exported_value_or_error(PlainGrad(), args, strict=True)
+    assert isinstance(plain, Exception) or isinstance(plain, torch._subclasses.FakeTensor)
+    with pytest.raises(Exception) as caught:
+        export(UnderGrad("grad", closure=closure), args, strict=True)
+    causes = [caught.value]
+    while (cause := causes[-1].__cause__ or causes[-1].__context__) is not None:
+        causes.append(cause)
+    assert any(isinstance(e, UnsupportedCondError) and "does not record" in str(e) for e in causes)
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0

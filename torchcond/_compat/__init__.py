@@ -128,6 +128,7 @@ FUNCTORCH_TRANSFORMS = (
     torch._C._functorch.TransformType.Vmap,
 )
 DIFFERENTIATING_TRANSFORMS = FUNCTORCH_TRANSFORMS[:2]
+GRAD_TRANSFORM = torch._C._functorch.TransformType.Grad
 JVP_TRANSFORM = torch._C._functorch.TransformType.Jvp
 
 
@@ -789,6 +790,13 @@ __all__ += ["current_dispatch_mode", "dispatch_mode_stack", "pop_dispatch_mode"]
 def pre_dispatch_tracing() -> bool:
     """A pre-dispatch trace (export's) is active: the PreDispatch key is TLS-included."""
     return _tls_key_included(_PRE_DISPATCH)
+
+
+def pre_dispatch_tracer():
+    """The fx tracer of the pre-dispatch trace (export's) on its mode stack, or None.
+    Checked on 2.11-2.15."""
+    mode = torch._ops._get_dispatch_mode_pre_dispatch(torch._C._TorchDispatchModeKey.PROXY)
+    return None if mode is None else mode.tracer
 
 
 # FlopCounterMode counts through a dispatch mode of a private class of its own, with

@@ -29,7 +29,7 @@ from .._compat import export as _compat_export
 from .._compat import inductor as _compat_inductor
 from .._compat import onnx as _compat_onnx
 from ..errors import CondArgumentError, CondError, UnsupportedCondError
-from . import distributed, numbers, state
+from . import distributed, numbers, state, untraced
 from .autograd import autograd_rule, functorch_rule, with_tangents
 from .batching import per_example, vmap_rule
 from .closures import trace_in_session
@@ -67,6 +67,7 @@ from .tracing import (
     writes_of,
     written_back,
 )
+from .untraced import labelled_inputs, refuse_untraced
 
 
 class _ConditionalOp(_compat.HigherOrderOperator):
@@ -176,12 +177,14 @@ def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operand
     """One graph node whose branches are closure-free registered subgraphs."""
     # The make_fx tracer (a PythonKeyTracer: it has .root and .unwrap_proxy).
     tracer: Any = mode.tracer
+    n_given = len(operands)
     graphs = graphs_of(branches, tracer)
     if graphs is None:  # not traced in this session yet
         traced = trace_branches(tracer, branches, tuple(operands), form.labels(len(branches)))
         graphs, operands, written = traced.graphs, traced.operands, traced.written
     else:
         written, _ = pending_writes(branches)
+    refuse_untraced(form.name, labelled_inputs(selector, operands, n_given), tracer)
     if _compat.fake_mode_of(operands) is None:
         # Real tensors: the node's value below comes from the taken branch alone, so
         # check here that every branch's traced outputs agree, as the fake rule does.
@@ -274,6 +277,9 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     if host_readable(selector, TRANSFORM, form.op):
         out = form.taken_branch(selector, branches)(*operands)
         return with_tangents(out) if interpreter.key() == _compat.JVP_TRANSFORM else out
+    if interpreter.key() == _compat.GRAD_TRANSFORM and _compat.is_exporting():
+        # Strict export's dynamo pass (non-strict export refuses in _proxy, first).
+        untraced.refuse_grad_wrapped(form.name, labelled_inputs(selector, operands, len(operands)))
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
         if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
             # A selector per example of an outer vmap (per-example gradients): every

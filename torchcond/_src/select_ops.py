@@ -49,6 +49,7 @@ import torch
 
 from .. import _C, _compat
 from ..errors import CondArgumentError
+from .untraced import refuse_untraced
 
 __all__ = ["select", "select_n"]
 
@@ -527,6 +528,10 @@ def _needs_function(sel, values) -> bool:
     # and cannot trace functorch's wrapper queries
     if _compat.is_dynamo_compiling() or not _compat.transforms_active():
         return False
+    if _compat.pre_dispatch_tracing():
+        # torch.export traces no autograd.Function under a transform (2.11-2.15); the
+        # operator is recorded and replays the graph's transforms with its own rules.
+        return False
     # A vmap level alone needs no Function: the op's own vmap rule batches it.
     wrapped = _compat.is_differentiated_by_transform
     if wrapped(sel) or any(wrapped(v) for v in values):
@@ -537,6 +542,7 @@ def _needs_function(sel, values) -> bool:
 
 def _differentiable(kind: _Kind, selector, *args) -> list[torch.Tensor]:
     values = kind.values(*args)
+    refuse_untraced(kind.qualname, kind.labelled(*args))
     if values and _needs_function(selector, values):
         num_branches = len(kind.branches(selector, *args))
         return list(_SelectFunction.apply(kind, selector, num_branches, *values))

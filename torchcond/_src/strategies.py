@@ -38,6 +38,7 @@ from .forms import Form, python_scalar
 from .merge import check_agreement
 from .state import every_branch_runs
 from .tracing import written_back
+from .untraced import labelled_inputs, refuse_untraced
 from .write_guard import BranchWrites, needs_grad
 
 # The accepted values, for type checkers (cond/switch annotate ``strategy`` with it)
@@ -85,7 +86,10 @@ def run_all_and_select(
     choice for everything). No value is read on the host. An operand some branch
     writes to is selected the same way and takes the selected value.
     """
+    refuse_untraced(form.name, labelled_inputs(selector, operands, len(operands)))
     every = run_every_branch(form, selector, branches, operands, labels)
+    outputs = ((f"an output of {labels[k]}", v) for k, o in enumerate(every.outputs) for v in o)
+    refuse_untraced(form.name, outputs)
     out = select_outputs(every.which, every.first, every.outputs)
     out = written_back(out, every.written, lambda i, value: operands[i].copy_(value))
     return every.merged(out)
@@ -159,7 +163,7 @@ def run_every_branch(
                     labels[k],
                     branch,
                     inputs,
-                    lambda: (_closures_masked(mask, inputs, writes, guards, grad_mode),),  # noqa: B023
+                    lambda: (_closures_masked(mask, inputs, writes, guards, grad_mode, labels[k]),),  # noqa: B023
                 )
                 outputs.append(outs)
                 values.append(new_values)
@@ -234,13 +238,16 @@ def _differentiable_dtype(t: torch.Tensor) -> bool:
     return t.dtype.is_floating_point or t.dtype.is_complex
 
 
-def _closures_masked(mask: _Mask, inputs, writes: BranchWrites, guards, grad_mode: bool):
+def _closures_masked(
+    mask: _Mask, inputs, writes: BranchWrites, guards, grad_mode: bool, label: str
+):
     """A context in which each tensor the branch closes over that ``guards`` picks is
-    read masked, as its operands are (``_masked``)."""
+    read masked, as its operands are (``_masked``). ``label`` names the branch."""
 
     def stand_in(t: torch.Tensor) -> torch.Tensor:
         if not guards(t):
             return t
+        refuse_untraced(label, [("a tensor it closes over", t)])
         # The conditional's grad mode, not the branch's where it reads the tensor.
         with torch.set_grad_enabled(grad_mode):
             where = mask()
