@@ -2,11 +2,13 @@
 
 Dynamo picks a variable class for a higher-order operator by the operator's name,
 from ``torch._dynamo.variables.higher_order_ops._hop_name_to_variable_class``; an
-unknown name is a hard "unsupported HigherOrderOperator". We add two classes:
+unknown name is a hard "unsupported HigherOrderOperator". We register a class for
+each of our operators.
 
-Both operators are ``op(selector, branch_0, ..., branch_n, operands)``, so one
-class serves both: it speculates every branch with ``speculate_subgraph`` (which lifts
-closures), gives every branch graph the same lifted inputs, and emits our operator.
+Both operators are ``op(selector, branch_0, ..., branch_n, operands)``, so both
+classes have the methods of ``_ConditionalVariable``: they speculate every branch with
+``speculate_subgraph`` (which lifts closures), give every branch graph the same
+lifted inputs, and emit our operator.
 Dynamo's own ``CondHigherOrderVariable`` is not reused: it emits torch's cond, whose
 fake rule and errors differ from ours.
 
@@ -28,7 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 import torch.utils._pytree as pytree
@@ -114,249 +117,353 @@ def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
     when_imported(_HOP_VARIABLES, lambda module: _register(module, forms, *rules))
 
 
+class _Operator(NamedTuple):
+    """What dynamo's view of one of our operators needs from torchcond (see ``install``)."""
+
+    name: str
+    taken: Callable
+    labels: Callable
+    warn_if_exporting: Callable
+    check_outputs: Callable
+    state_rules: Any
+    number_rules: Any
+
+
 def _register(hop, forms: dict, check_outputs, state_rules, number_rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
+    rules = (check_outputs, state_rules, number_rules)
     for op, (taken, labels, warn_if_exporting) in forms.items():
-        registry[op.name()] = _conditional_variable_class(
-            hop,
-            op.name(),
-            taken,
-            labels,
-            warn_if_exporting,
-            check_outputs,
-            state_rules,
-            number_rules,
-        )
+        spec = _Operator(op.name(), taken, labels, warn_if_exporting, *rules)
+        registry[op.name()] = _make_variable_class(hop, spec)
 
 
-def _conditional_variable_class(
-    hop, op_name: str, taken, labels, warn_if_exporting, check_outputs, state_rules, number_rules
-):
+def _make_variable_class(hop, spec: _Operator) -> type:
+    """The variable class dynamo makes for the operator ``spec`` describes: the methods
+    of ``_ConditionalVariable`` on dynamo's base class, with ``spec`` as class data.
+
+    Dynamo's base class checks each subclass as it is made: its ``__init_subclass__``
+    runs ``add_hop_context`` (2.11-2.15), which needs the subclass's ``_HOP_NAME``, the
+    name dynamo's errors give the operator. So no class shared by both operators can
+    derive from dynamo's base: the shared methods are in ``_ConditionalVariable``,
+    and each operator gets its own subclass here.
+    """
+
+    class TorchcondConditionalVariable(_ConditionalVariable, hop.TorchHigherOrderOperatorVariable):
+        _HOP_NAME = spec.name
+        _ALLOW_FALLBACK_TO_EAGER = False
+        _op = spec
+
+    return TorchcondConditionalVariable
+
+
+class _Call(NamedTuple):
+    """One call of an operator as dynamo sees it, its arguments checked."""
+
+    selector: Any
+    branches: list
+    operands: list  # the operands' variables
+    may_write: bool
+    read_as: Any  # ``closures_read_as``, or None
+    speculate_only: bool
+    labels: list[str]  # the branches' names in messages
+
+
+class _Branch(NamedTuple):
+    """One branch as dynamo speculated it."""
+
+    ret_val: Any  # the variables it returns
+    spec: Any  # dynamo's output spec: the treespec, and the constants left out of the graph
+    graph: torch.fx.Graph
+    lifted: dict  # the proxies it reads from outside -> the graph's placeholders for them
+    modules: dict  # the modules the graph calls
+
+
+class _ConditionalVariable:
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
     Every branch is speculated into a subgraph; the subgraphs get the union of all
     branches' lifted inputs in one order; the node emitted is our operator, so its
     example value comes from torchcond's own fake rule (merge.py). The branches'
     outputs are checked first, where their pytree structure is known.
+
+    ``_make_variable_class`` puts these methods on dynamo's base class, once per operator.
     """
 
-    # Dynamo's package is still being imported when this runs: its names are
-    # looked up when a conditional is traced, not now.
-    def variables():
-        from torch._dynamo import variables
+    _HOP_NAME: str  # the operator's name (set per operator)
+    _op: _Operator  # the operator's data (set per operator)
+    value: Any  # the operator (set by dynamo's base class)
 
-        return variables
+    def _call_function(self, tx, args, kwargs):
+        call = self._arguments(tx, args, kwargs)
+        if call.selector.is_python_constant():
+            return self._taken_branch(tx, call)
+        branches = [
+            self._speculate(tx, label, branch, call.operands, call.may_write)
+            for label, branch in zip(call.labels, call.branches)
+        ]
+        self._check_branch_outputs(tx, call.labels, branches)
+        if call.speculate_only:
+            return _variables().ConstantVariable.create(None)
+        return self._emit(tx, call, branches)
 
-    def refuse(what: str, context) -> None:
+    def _arguments(self, tx, args, kwargs) -> _Call:
+        """The call's arguments, checked: a bad one is refused (dynamo's ``Unsupported``)."""
+        v = _variables()
+        args, kwargs = v.lazy.LazyVariableTracker.realize_all((args, kwargs))
+        # ``may_write=False`` is a keyword of this hook, not of the operator (see
+        # api._operator_under_dynamo). It is passed for branches that all run, taken
+        # or not, so that none of them may write outside itself.
+        may_write = kwargs.pop("may_write", v.ConstantVariable.create(True))
+        # ``closures_read_as`` is what a mode that stands in for closed-over tensors
+        # (closures.StandIns) reads them as. The mode could not be entered in the branches.
+        read_as = kwargs.pop("closures_read_as", None)
+        # ``speculate_only=True`` checks the branches and emits nothing: api's select
+        # path runs them inline after.
+        speculate_only = kwargs.pop("speculate_only", None) is not None
+        if kwargs or len(args) < 3 or not may_write.is_python_constant():
+            self._refuse("bad arguments", (args, kwargs))
+        may_write = bool(may_write.as_python_constant())
+        selector, branches, operands = args[0], list(args[1:-1]), args[-1]
+        if not isinstance(operands, (v.ListVariable, v.TupleVariable)):
+            self._refuse("operands must be a tuple or list", operands)
+        operand_vts = operands.unpack_var_sequence(tx)
+        if not _hop().only_consist_of(
+            operands, (v.TensorVariable, v.ConstantVariable, v.SymNodeVariable)
+        ):
+            self._refuse("operands must be tensors", operands)
+        # A constant selector is checked when its branch is taken (_taken_branch).
+        if not selector.is_python_constant() and not isinstance(
+            selector, (v.TensorVariable, v.SymNodeVariable)
+        ):
+            self._refuse("the selector must be a tensor or a SymBool/SymInt", selector)
+        labels = self._op.labels(len(branches))
+        return _Call(selector, branches, operand_vts, may_write, read_as, speculate_only, labels)
+
+    def _taken_branch(self, tx, call: _Call):
+        """The branch a constant selector takes, inlined."""
+        constant = call.selector.as_python_constant()
+        with _as_eager_raises():  # a constant that is no selector (None, a string) is refused
+            index = self._op.taken(constant, len(call.branches))
+        self._op.warn_if_exporting(constant)
+        return call.branches[index].call_function(tx, list(call.operands), {})
+
+    def _speculate(self, tx, name, branch, operand_vts, may_write: bool) -> _Branch:
+        """One branch traced into a subgraph, what it writes and returns checked."""
+        (ret_val, ret_spec), graph, lifted = self._subgraph(
+            tx, name, branch, operand_vts, may_write
+        )
+        if not may_write and _writes_an_input(graph):
+            # Under vmap, dynamo's own check compares the versions of the batched
+            # wrappers, which a write to the tensor inside them leaves unchanged.
+            raise _select_write_error(name)
+        tx.fake_mode.epoch += 1  # so that branches share no memo of unbacked bindings
+        ret_val = self._branch_outputs(graph, ret_val, ret_spec)
+        return _Branch(ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules))
+
+    def _subgraph(self, tx, name, branch, operand_vts, may_write: bool):
+        """``speculate_subgraph``'s result for one branch; its errors name the branch."""
+        from torch._dynamo.exc import Unsupported
+
+        hop = _hop()
+        hop._check_supported_callable_arg(tx, branch, name)
+        try:
+            return hop.speculate_subgraph(
+                tx,
+                _settling_branch(branch, name, may_write, self._op.state_rules),
+                operand_vts,
+                {},
+                self._HOP_NAME,
+                source_target=self.value,
+                should_flatten_outputs=True,
+                # None outputs leave the graph and come back when the output is
+                # rebuilt, as in eager mode; any other constant is refused later
+                # (_branch_outputs).
+                remove_consts_from_outputs=True,
+                # A write to an input (an operand, a buffer, a lifted tensor) stays
+                # in the branch graph: tracing.py makes it an output and the rule
+                # that records the conditional writes it back. An output that is
+                # (a view of) an input is copied there too.
+                supports_input_mutation=may_write,
+                supports_aliasing=True,
+            )
+        except Unsupported as error:  # name the branch dynamo could not trace
+            if not may_write and "input mutation" in str(error):
+                # Checked on 2.11-2.15: these are dynamo's words for a write to a
+                # subgraph input.
+                raise _select_write_error(name) from None
+            error.msg = f"{name}: {error.msg}"
+            error.args = (error.msg, *error.args[1:])
+            raise
+
+    def _branch_outputs(self, graph, ret_val, ret_spec):
+        """The variables a branch returns, each symbol it returns as a number kept out
+        of its graph; refused unless all are tensors and numbers."""
+        v = _variables()
+        numbers = self._op.number_rules.value_positions(_python_treespec(ret_spec))
+        ret_val = _symbols_out_of_graph(graph, ret_val, ret_spec, numbers, v)
+        if not _hop().only_consist_of(ret_val, (v.TensorVariable, v.ConstantVariable)) or any(
+            value is not None and k not in numbers
+            for k, value in enumerate(ret_spec.const_values or ())
+        ):
+            self._refuse("branches must return pytrees of tensors and numbers", ret_val)
+        return ret_val
+
+    def _check_branch_outputs(self, tx, labels: list[str], branches: list[_Branch]) -> None:
+        """Refuse branches whose outputs cannot be one operator's outputs: outputs of
+        different structures, or outputs ``check_outputs`` refuses, as eager does."""
+        first = branches[0]
+        for other in branches[1:]:
+            if _different_structures(tx, first.spec, other.spec):
+                specs = [_python_treespec(first.spec), _python_treespec(other.spec)]
+                # A number against a tensor, or against another kind of number, is
+                # refused as eager refuses it.
+                with _as_eager_raises():
+                    self._op.number_rules.check_kinds_in_specs(labels, specs)
+                self._refuse(
+                    "branches return different pytree structures",
+                    (first.spec.treespec, other.spec.treespec),
+                )
+        _number_values(tx, branches, self._op.number_rules)
+        outputs = [_example_outputs(branch.graph) for branch in branches]
+        with _as_eager_raises():
+            self._op.check_outputs(outputs, labels, _python_treespec(first.spec))
+
+    def _emit(self, tx, call: _Call, branches: list[_Branch]):
+        """Our operator's node in the graph, on the branch graphs installed as
+        attributes, and its outputs as variables."""
+        hop = _hop()
+        shared = self._merge_lifted_inputs(branches, call.operands)
+        if call.read_as is not None:
+            shared = _read_closures_as(tx, call.read_as, shared, call.operands)
+        graph_nodes = []
+        for j, branch in enumerate(branches):
+            gm = torch.fx.GraphModule(branch.modules, branch.graph)
+            name = tx.output.install_subgraph(f"{self._HOP_NAME}_branch_{j}", gm)
+            graph_nodes.append(hop.make_attr(tx, name))
+        proxy_args = (call.selector.as_proxy(), *graph_nodes, tuple(shared))
+        last = next(iter(reversed(tx.output.graph.nodes)))
+        first = branches[0]
+        made_inside = _made_inside(first.ret_val, first.graph)
+        result = hop._call_function_and_unflatten_output(
+            tx, self.value, proxy_args, {}, None, first.spec, made_inside
+        )
+        _user_stack_traces(last)
+        return result
+
+    @staticmethod
+    def _merge_lifted_inputs(branches: list[_Branch], operand_vts) -> list:
+        """Every branch graph takes the union of all branches' lifted inputs, in the
+        order make_fx tracing gives (tracing.trace_branches): the operands a branch
+        reads, in their order, then what the branches close over, by first use."""
+        union: dict = {}
+        for branch in branches:
+            for outer in branch.lifted:
+                union.setdefault(_lift_key(outer), outer)
+        traced = (_variables().TensorVariable, _variables().SymNodeVariable)
+        operand_keys = [_lift_key(vt.as_proxy()) for vt in operand_vts if isinstance(vt, traced)]
+        first = {k: union[k] for k in operand_keys if k in union}
+        shared = [*first.values(), *(p for k, p in union.items() if k not in first)]
+        for branch in branches:
+            _take_shared_inputs(branch, shared)
+        return shared
+
+    def _refuse(self, what: str, context) -> None:
         from torch._dynamo.exc import unimplemented
 
         unimplemented(
-            gb_type=f"{op_name}: {what}",
+            gb_type=f"{self._HOP_NAME}: {what}",
             context=str(context),
-            explanation=f"{op_name}(selector, branch_0, ..., branch_n, operands) needs a "
-            "tensor or symbolic selector, callables returning pytrees of tensors with one "
-            "structure, and a tuple of tensor operands",
+            explanation=f"{self._HOP_NAME}(selector, branch_0, ..., branch_n, operands) "
+            "needs a tensor or symbolic selector, callables returning pytrees of tensors "
+            "with one structure, and a tuple of tensor operands",
             hints=[],
         )
 
-    def lift_key(proxy):
-        node = proxy.node
-        return ("attr", node.target) if node.op == "get_attr" else ("node", node)
 
-    def _made_inside(ret_val, graph):
-        """The first branch's outputs that dynamo may re-point at the node's outputs.
+# Dynamo's names are looked up when a conditional is traced, not at import: this
+# module is imported before dynamo, and the classes are made while dynamo's package
+# is still being imported.
+def _variables():
+    from torch._dynamo import variables
 
-        Dynamo gives the variables a branch returned the node's outputs as their
-        values, so that code after the call sees the conditional's result. A variable
-        the branch returned unchanged (an operand, a tensor it closes over) is the
-        caller's own, and must keep meaning the input: re-pointed, ``x`` after
-        ``cond(p, lambda x: x, g, (x,))`` would be the conditional's output.
-        """
-        v = variables()
-        return v.TupleVariable(
-            [
-                vt
-                if getattr(getattr(vt, "proxy", None), "node", None) is not None
-                and vt.proxy.node.graph is graph
-                else v.ConstantVariable.create(None)
-                for vt in ret_val.items
-            ]
-        )
+    return variables
 
-    class TorchcondConditionalVariable(hop.TorchHigherOrderOperatorVariable):
-        _HOP_NAME = op_name
-        _ALLOW_FALLBACK_TO_EAGER = False
 
-        def _call_function(self, tx, args, kwargs):
-            v = variables()
-            args, kwargs = v.lazy.LazyVariableTracker.realize_all((args, kwargs))
-            # ``may_write=False``: a keyword of this hook, not of the operator (see
-            # api._operator_under_dynamo), for branches that all run, taken or not, so
-            # may not write outside.
-            may_write = kwargs.pop("may_write", v.ConstantVariable.create(True))
-            # ``closures_read_as``: what a mode that stands in for closed-over tensors
-            # (closures.StandIns) reads them as; it could not be entered in the branches.
-            read_as = kwargs.pop("closures_read_as", None)
-            # ``speculate_only=True``: the branches are checked and nothing is emitted
-            # (api's select path, which runs them inline after).
-            speculate_only = kwargs.pop("speculate_only", None) is not None
-            if kwargs or len(args) < 3 or not may_write.is_python_constant():
-                refuse("bad arguments", (args, kwargs))
-            may_write = bool(may_write.as_python_constant())
-            selector, branch_vts, operands = args[0], list(args[1:-1]), args[-1]
-            if not isinstance(operands, (v.ListVariable, v.TupleVariable)):
-                refuse("operands must be a tuple or list", operands)
-            operand_vts = operands.unpack_var_sequence(tx)
-            if not hop.only_consist_of(
-                operands, (v.TensorVariable, v.ConstantVariable, v.SymNodeVariable)
-            ):
-                refuse("operands must be tensors", operands)
-            if selector.is_python_constant():
-                constant = selector.as_python_constant()
-                try:  # a constant that is no selector (None, a string) is refused
-                    index = taken(constant, len(branch_vts))
-                except CondError as error:
-                    raise compile_time_error(type(error), str(error)) from None
-                warn_if_exporting(constant)
-                branch = branch_vts[index]
-                return branch.call_function(tx, list(operand_vts), {})
-            if not isinstance(selector, (v.TensorVariable, v.SymNodeVariable)):
-                refuse("the selector must be a tensor or a SymBool/SymInt", selector)
+def _hop():
+    from torch._dynamo.variables import higher_order_ops
 
-            names = labels(len(branch_vts))
-            speculated = [
-                self._speculate(tx, name, b, operand_vts, may_write)
-                for name, b in zip(names, branch_vts)
-            ]
-            first_spec = speculated[0][1].treespec
-            first_nones = speculated[0][1].masks_to_filter_const_values
-            for _, spec, *_ in speculated[1:]:
-                same = hop._make_inlined(tx, pytree.TreeSpec.__eq__)(first_spec, spec.treespec)
-                if (
-                    not same.as_python_constant()
-                    or spec.masks_to_filter_const_values != first_nones
-                ):
-                    try:  # a number against a tensor or another kind of number
-                        number_rules.check_kinds_in_specs(
-                            names, [_python_treespec(speculated[0][1]), _python_treespec(spec)]
-                        )
-                    except CondError as error:
-                        raise compile_time_error(type(error), str(error)) from None
-                    refuse(
-                        "branches return different pytree structures", (first_spec, spec.treespec)
-                    )
-            _number_values(tx, speculated, number_rules)
-            try:
-                check_outputs(
-                    [_example_outputs(graph) for _, _, graph, _, _ in speculated],
-                    names,
-                    _python_treespec(speculated[0][1]),
-                )
-            except CondError as error:  # as the same call raises it eagerly
-                raise compile_time_error(type(error), str(error)) from None
-            if speculate_only:
-                return v.ConstantVariable.create(None)
-            shared = self._merge_lifted_inputs(speculated, operand_vts)
-            if read_as is not None:
-                shared = _read_closures_as(tx, read_as, shared, operand_vts)
-            graph_nodes = []
-            for j, (_, _, graph, _, modules) in enumerate(speculated):
-                gm = torch.fx.GraphModule(modules, graph)
-                graph_nodes.append(
-                    hop.make_attr(tx, tx.output.install_subgraph(f"{op_name}_branch_{j}", gm))
-                )
-            proxy_args = (selector.as_proxy(), *graph_nodes, tuple(shared))
-            graph = tx.output.graph
-            last = next(iter(reversed(graph.nodes)))
-            result = hop._call_function_and_unflatten_output(
-                tx,
-                self.value,
-                proxy_args,
-                {},
-                None,
-                speculated[0][1],
-                _made_inside(speculated[0][0], speculated[0][2]),
-            )
-            node = last.next
-            while node is not last and node.op != "root":  # the nodes just emitted
-                if node.stack_trace:
-                    node.stack_trace = user_stack_trace(node.stack_trace)
-                node = node.next
-            return result
+    return higher_order_ops
 
-        def _speculate(self, tx, name, branch, operand_vts, may_write: bool):
-            from torch._dynamo.exc import Unsupported
 
-            hop._check_supported_callable_arg(tx, branch, name)
-            try:
-                (ret_val, ret_spec), graph, lifted = hop.speculate_subgraph(
-                    tx,
-                    _settling_branch(branch, name, may_write, state_rules),
-                    operand_vts,
-                    {},
-                    self._HOP_NAME,
-                    source_target=self.value,
-                    should_flatten_outputs=True,
-                    # None outputs leave the graph and come back when the output is
-                    # rebuilt, as in eager mode; any other constant is refused below.
-                    remove_consts_from_outputs=True,
-                    # A write to an input (an operand, a buffer, a lifted tensor) stays
-                    # in the branch graph: tracing.py makes it an output and the rule
-                    # that records the conditional writes it back. An output that is
-                    # (a view of) an input is copied there too.
-                    supports_input_mutation=may_write,
-                    supports_aliasing=True,
-                )
-            except Unsupported as error:  # name the branch dynamo could not trace
-                if not may_write and "input mutation" in str(error):
-                    # Checked on 2.11-2.15: dynamo's words for a write to a subgraph input.
-                    raise _select_write_error(name) from None
-                error.msg = f"{name}: {error.msg}"
-                error.args = (error.msg, *error.args[1:])
-                raise
-            if not may_write and _writes_an_input(graph):
-                # Under vmap dynamo's own check compares the versions of the batched
-                # wrappers, which a write to the tensor inside them leaves unchanged.
-                raise _select_write_error(name)
-            tx.fake_mode.epoch += 1  # no unbacked-binding memo shared across branches
-            numbers = number_rules.value_positions(_python_treespec(ret_spec))
-            ret_val = _symbols_out_of_graph(graph, ret_val, ret_spec, numbers, variables())
-            if not hop.only_consist_of(
-                ret_val, (variables().TensorVariable, variables().ConstantVariable)
-            ) or any(
-                v is not None and k not in numbers
-                for k, v in enumerate(ret_spec.const_values or ())
-            ):
-                refuse("branches must return pytrees of tensors and numbers", ret_val)
-            return ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules)
+@contextlib.contextmanager
+def _as_eager_raises():
+    """A ``CondError`` raised in the block reaches the caller as the same call
+    raises it eagerly (``compile_time_error``)."""
+    try:
+        yield
+    except CondError as error:
+        raise compile_time_error(type(error), str(error)) from None
 
-        @staticmethod
-        def _merge_lifted_inputs(speculated, operand_vts):
-            """Every branch graph takes the union of all branches' lifted inputs, in the
-            order make_fx tracing gives (tracing.trace_branches): the operands a branch
-            reads, in their order, then what the branches close over, by first use."""
-            union: dict = {}
-            for _, _, _, lifted, _ in speculated:
-                for outer in lifted:
-                    union.setdefault(lift_key(outer), outer)
-            traced = (variables().TensorVariable, variables().SymNodeVariable)
-            operand_keys = [lift_key(vt.as_proxy()) for vt in operand_vts if isinstance(vt, traced)]
-            first = {k: union[k] for k in operand_keys if k in union}
-            shared = [*first.values(), *(p for k, p in union.items() if k not in first)]
-            for _, _, graph, lifted, _ in speculated:
-                inner_by_key = {lift_key(o): inner for o, inner in lifted.items()}
-                first = next(n for n in graph.nodes if n.op != "placeholder")
-                with graph.inserting_before(first):
-                    for outer in shared:
-                        placeholder = graph.placeholder(outer.node.name)
-                        placeholder.meta = outer.node.meta
-                        old = inner_by_key.get(lift_key(outer))
-                        if old is not None:
-                            old.node.replace_all_uses_with(placeholder)
-                            graph.erase_node(old.node)
-            return shared
 
-    return TorchcondConditionalVariable
+def _different_structures(tx, spec, other) -> bool:
+    """Whether two branches' output specs differ in pytree structure, or in where
+    the outputs left out of the graph (constants) are."""
+    same = _hop()._make_inlined(tx, pytree.TreeSpec.__eq__)(spec.treespec, other.treespec)
+    return (
+        not same.as_python_constant()
+        or other.masks_to_filter_const_values != spec.masks_to_filter_const_values
+    )
+
+
+def _lift_key(proxy):
+    node = proxy.node
+    return ("attr", node.target) if node.op == "get_attr" else ("node", node)
+
+
+def _take_shared_inputs(branch: _Branch, shared: list) -> None:
+    """Give ``branch``'s graph a placeholder for each of the ``shared`` lifted inputs,
+    in their order, in place of the placeholders it lifted itself."""
+    graph = branch.graph
+    inner_by_key = {_lift_key(o): inner for o, inner in branch.lifted.items()}
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    with graph.inserting_before(first):
+        for outer in shared:
+            placeholder = graph.placeholder(outer.node.name)
+            placeholder.meta = outer.node.meta
+            old = inner_by_key.get(_lift_key(outer))
+            if old is not None:
+                old.node.replace_all_uses_with(placeholder)
+                graph.erase_node(old.node)
+
+
+def _made_inside(ret_val, graph):
+    """The first branch's outputs that dynamo may re-point at the node's outputs.
+
+    Dynamo gives the variables a branch returned the node's outputs as their
+    values, so that code after the call sees the conditional's result. A variable
+    the branch returned unchanged (an operand, a tensor it closes over) is the
+    caller's own, and must keep meaning the input: re-pointed, ``x`` after
+    ``cond(p, lambda x: x, g, (x,))`` would be the conditional's output.
+    """
+    v = _variables()
+    return v.TupleVariable(
+        [
+            vt
+            if getattr(getattr(vt, "proxy", None), "node", None) is not None
+            and vt.proxy.node.graph is graph
+            else v.ConstantVariable.create(None)
+            for vt in ret_val.items
+        ]
+    )
+
+
+def _user_stack_traces(last) -> None:
+    """Keep the user's frames only, in the stack traces of the nodes emitted after ``last``."""
+    node = last.next
+    while node is not last and node.op != "root":  # the nodes just emitted
+        if node.stack_trace:
+            node.stack_trace = user_stack_trace(node.stack_trace)
+        node = node.next
 
 
 # --- what a branch changes outside itself ---------------------------------------------
