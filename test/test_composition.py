@@ -508,6 +508,7 @@ FOUND_BY_THE_MATRIX = [
     "compile-eager|jvp.grad|number|switch|auto",  # .item() under a transform, forward AD broken
     "export-nonstrict|grad|unbacked|cond|auto",  # grad's inputs exported as fake constants
     "export-strict|grad|ordinary|cond|auto",  # the same, and a torch.func level left active
+    "export-strict|grad.vmap|closure_view|cond|auto",  # the same, a vmap level inside grad's
     "export-nonstrict|jvp|ordinary|cond|select",  # select's Function under jvp: not registered
     "export-nonstrict|jvp|constant|switch|select",  # a tangentless full_like as a constant
 ]

@@ -755,6 +755,12 @@ unwrap_dead_tensor = torch._C._functorch.unwrap_if_dead
 VMAP = torch._C._functorch.TransformType.Vmap
 
 
+def grad_level_active() -> bool:
+    """True while a torch.func grad level (grad, vjp, jacrev, hessian) is active. 2.11-2.15."""
+    stack = _interpreter_stack() if _peek_interpreter_stack() is not None else None
+    return any(i.key() == GRAD_TRANSFORM for i in stack or ())
+
+
 def differentiating_transforms_active() -> bool:
     """True while a torch.func transform that differentiates (grad, jvp) or a forward-AD
     level is active; vmap alone differentiates nothing. 2.11-2.15

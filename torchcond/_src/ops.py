@@ -277,7 +277,7 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     if host_readable(selector, TRANSFORM, form.op):
         out = form.taken_branch(selector, branches)(*operands)
         return with_tangents(out) if interpreter.key() == _compat.JVP_TRANSFORM else out
-    if interpreter.key() == _compat.GRAD_TRANSFORM and _compat.is_exporting():
+    if _compat.is_exporting() and _compat.grad_level_active():
         # Strict export's dynamo pass (non-strict export refuses in _proxy, first).
         untraced.refuse_grad_wrapped(form.name, labelled_inputs(selector, operands, len(operands)))
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
