@@ -513,3 +513,24 @@ def test_reverse_mode_transform_over_a_conditional_is_refused_by_strict_export(c
         causes.append(cause)
     assert any(isinstance(e, UnsupportedCondError) and "does not record" in str(e) for e in causes)
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
+
+
+@STRICTNESS
+def test_a_write_under_vmap_is_refused_and_leaves_no_level_on(strict):
+    # Export cannot write a branch's value back through vmap's batched tensor: refused
+    # by name, in dynamo's pass under strict export, so no vmap level is left on.
+    class M(torch.nn.Module):
+        def forward(self, x, buf, p):
+            def f(x, buf):
+                return cond(p, lambda x, b: x * b.add_(1.0), lambda x, b: x.cos(), (x, buf))
+
+            return torch.vmap(f)(x, buf)
+
+    args = (torch.randn(3, 2), torch.zeros(3, 2), torch.tensor(True))
+    with pytest.raises(Exception) as caught:
+        export(M(), args, strict=strict)
+    causes = [caught.value]
+    while (cause := causes[-1].__cause__ or causes[-1].__context__) is not None:
+        causes.append(cause)
+    assert any("torch.export cannot write back" in str(e) for e in causes)
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0

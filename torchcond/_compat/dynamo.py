@@ -256,6 +256,10 @@ class _ConditionalVariable:
             # Under vmap, dynamo's own check compares the versions of the batched
             # wrappers, which a write to the tensor inside them leaves unchanged.
             raise _select_write_error(name)
+        if torch.compiler.is_exporting() and _vmap_level_active() and _writes_an_input(graph):
+            # Strict export traces dynamo's graph again, and a refusal there would
+            # leave the vmap level on (2.11-2.15): it is made here instead.
+            raise _vmapped_write_error(name)
         tx.fake_mode.epoch += 1  # so that branches share no memo of unbacked bindings
         ret_val = self._branch_outputs(graph, ret_val, ret_spec)
         return _Branch(ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules))
@@ -575,6 +579,21 @@ def _select_write_error(name: str):
         "such a write cannot be selected per branch: use strategy='auto', "
         "or return the new value instead (x + 1 rather than x.add_(1))",
     )
+
+
+def _vmapped_write_error(name: str):
+    from ..errors import BranchMutationError
+
+    return compile_time_error(
+        BranchMutationError,
+        f"{name}: a write in place to an input under torch.vmap, which torch.export "
+        "cannot write back; return the new value instead (x + 1 rather than x.add_(1))",
+    )
+
+
+def _vmap_level_active() -> bool:
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    return any(i.key() == torch._C._functorch.TransformType.Vmap for i in stack)
 
 
 # Tensor methods that return a view of self: a write to one is a write to self.

@@ -385,6 +385,11 @@ def _check_writable(operands: tuple, n_operands: int, written, labels, writes) -
                 "is traced as an input of its own, so the write could not reach the other "
                 "as it does in eager: pass the tensor once"
             )
+        elif _compat.is_functorch_wrapped(target):
+            why = (
+                "a tensor under torch.vmap, which torch.export cannot write back; return "
+                "the new value instead (x + 1 rather than x.add_(1))"
+            )
         elif _compat.is_real_tensor(target) and _compat.fake_mode_of(operands) is not None:
             why = (
                 "a real tensor in a trace on fake tensors: the traced program holds it as "
