@@ -489,8 +489,8 @@ def test_a_tangentless_tensor_under_jvp_is_refused_by_non_strict_export():
     args = (torch.tensor([0.5, 2.0]), torch.tensor(0))
     try:
         export(Sinusoid(), (args[0], torch.tensor(True)), strict=False)
-    except Exception as error:  # torch 2.11 exports no jvp at all
-        with pytest.raises(type(error)):
+    except Exception as error:  # torch 2.11 exports no jvp at all; ours may refuse first
+        with pytest.raises((type(error), UnsupportedCondError)):
             export(M(), args, strict=False)
         return
     with pytest.raises(
