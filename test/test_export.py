@@ -477,9 +477,11 @@ def test_reverse_mode_transform_over_a_conditional_is_refused_by_non_strict_expo
     torch.testing.assert_close(torch.func.jacfwd(torch.sin)(torch.zeros(2)), torch.eye(2))
 
 
-def test_a_tangentless_tensor_under_jvp_is_refused_by_non_strict_export():
+@STRICTNESS
+def test_a_tangentless_tensor_under_jvp_is_refused_by_export(strict):
     # full_like's output under jvp carries no tangent, and torch's export holds it as
-    # a constant, as it does in torch.where without a conditional.
+    # a constant, as it does in torch.where without a conditional. Strict export
+    # refuses it in dynamo's pass, where every branch's outputs are known.
     class M(torch.nn.Module):
         def forward(self, x, i):
             branches = [torch.sin, lambda x: torch.full_like(x, 3.0)]
@@ -488,15 +490,28 @@ def test_a_tangentless_tensor_under_jvp_is_refused_by_non_strict_export():
 
     args = (torch.tensor([0.5, 2.0]), torch.tensor(0))
     try:
-        export(Sinusoid(), (args[0], torch.tensor(True)), strict=False)
-    except Exception as error:  # torch 2.11 exports no jvp at all; ours may refuse first
+        export(Sinusoid(), (args[0], torch.tensor(True)), strict=strict)
+    except Exception as error:  # torch exports no jvp here at all; ours may refuse first
         with pytest.raises((type(error), UnsupportedCondError)):
-            export(M(), args, strict=False)
+            export(M(), args, strict=strict)
         return
-    with pytest.raises(
-        UnsupportedCondError, match=r"an output of branches\[1\] .* does not record"
-    ):
-        export(M(), args, strict=False)
+    with pytest.raises(Exception) as caught:
+        export(M(), args, strict=strict)
+    words = (
+        r"output 0 of branches\[1\] carries no tangent" if strict else r"branches\[1\] .* record"
+    )
+    assert any(
+        isinstance(e, UnsupportedCondError) and re.search(words, str(e))
+        for e in _causes(caught.value)
+    )
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
+
+
+def _causes(error):
+    causes = [error]
+    while (cause := causes[-1].__cause__ or causes[-1].__context__) is not None:
+        causes.append(cause)
+    return causes
 
 
 @pytest.mark.parametrize("closure", [False, True], ids=["operand", "closure"])
@@ -508,9 +523,7 @@ def test_reverse_mode_transform_over_a_conditional_is_refused_by_strict_export(c
     assert isinstance(plain, Exception) or isinstance(plain, torch._subclasses.FakeTensor)
     with pytest.raises(Exception) as caught:
         export(UnderGrad("grad", closure=closure), args, strict=True)
-    causes = [caught.value]
-    while (cause := causes[-1].__cause__ or causes[-1].__context__) is not None:
-        causes.append(cause)
+    causes = _causes(caught.value)
     assert any(isinstance(e, UnsupportedCondError) and "does not record" in str(e) for e in causes)
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
 
@@ -529,8 +542,5 @@ def test_a_write_under_vmap_is_refused_and_leaves_no_level_on(strict):
     args = (torch.randn(3, 2), torch.zeros(3, 2), torch.tensor(True))
     with pytest.raises(Exception) as caught:
         export(M(), args, strict=strict)
-    causes = [caught.value]
-    while (cause := causes[-1].__cause__ or causes[-1].__context__) is not None:
-        causes.append(cause)
-    assert any("torch.export cannot write back" in str(e) for e in causes)
+    assert any("torch.export cannot write back" in str(e) for e in _causes(caught.value))
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0

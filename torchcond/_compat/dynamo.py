@@ -203,6 +203,7 @@ class _ConditionalVariable:
         ]
         self._check_branch_outputs(tx, call.labels, branches)
         if call.speculate_only:
+            _refuse_tangentless_in_exported_jvp(self._op.name, call.labels, branches)
             return _variables().ConstantVariable.create(None)
         return self._emit(tx, call, branches)
 
@@ -256,7 +257,7 @@ class _ConditionalVariable:
             # Under vmap, dynamo's own check compares the versions of the batched
             # wrappers, which a write to the tensor inside them leaves unchanged.
             raise _select_write_error(name)
-        if torch.compiler.is_exporting() and _vmap_level_active() and _writes_an_input(graph):
+        if torch.compiler.is_exporting() and _level_active(_VMAP) and _writes_an_input(graph):
             # Strict export traces dynamo's graph again, and a refusal there would
             # leave the vmap level on (2.11-2.15): it is made here instead.
             raise _vmapped_write_error(name)
@@ -581,6 +582,28 @@ def _select_write_error(name: str):
     )
 
 
+def _refuse_tangentless_in_exported_jvp(name: str, labels, branches) -> None:
+    """Under torch.func.jvp in strict export, where every branch runs
+    (strategy="select"): refuses a branch output without a tangent. torch.export holds
+    such a tensor as a constant (2.11-2.15), so the program would ignore its inputs."""
+    if not (torch.compiler.is_exporting() and _level_active(_JVP)):
+        return
+    for label, branch in zip(labels, branches):
+        for j, value in enumerate(_example_outputs(branch.graph)):
+            if not isinstance(value, torch.Tensor):
+                continue
+            if torch.autograd.forward_ad.unpack_dual(value, level=0).tangent is None:
+                from ..errors import UnsupportedCondError
+
+                what = name.removeprefix("torchcond_")
+                raise compile_time_error(
+                    UnsupportedCondError,
+                    f"{what}: output {j} of {label} carries no tangent under torch.func.jvp, "
+                    "and torch.export holds such a tensor as a constant when every branch "
+                    "runs (strategy='select'); use strategy='auto'",
+                )
+
+
 def _vmapped_write_error(name: str):
     from ..errors import BranchMutationError
 
@@ -591,9 +614,14 @@ def _vmapped_write_error(name: str):
     )
 
 
-def _vmap_level_active() -> bool:
+_JVP = torch._C._functorch.TransformType.Jvp
+_VMAP = torch._C._functorch.TransformType.Vmap
+
+
+def _level_active(kind) -> bool:
+    """Whether a torch.func level of ``kind`` is active (dynamo runs the levels it traces)."""
     stack = torch._C._functorch.get_interpreter_stack() or ()
-    return any(i.key() == torch._C._functorch.TransformType.Vmap for i in stack)
+    return any(i.key() == kind for i in stack)
 
 
 # Tensor methods that return a view of self: a write to one is a write to self.
