@@ -142,7 +142,7 @@ PyObject* taken_case(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
     } catch (...) {  // batched, meta: explained there
       return slow();
     }
-    i = i < 0 ? 0 : (i >= n ? n - 1 : i);  // forms.clamp_index, without calling Python
+    i = i < 0 ? 0 : (i >= n ? n - 1 : i);  // kinds.clamp_index, without calling Python
     PyObject* fn = PyList_GET_ITEM(branches, i);
     Py_INCREF(fn);
     return fn;

@@ -38,7 +38,7 @@ enum SelKind : int32_t {
 };
 
 // Read a selector element and clamp it into [0, num_branches): switch's index rule
-// (torchcond/_src/forms.py, clamp_index), per element.
+// (torchcond/_src/kinds.py, clamp_index), per element.
 #if defined(__CUDACC__)
 #define TORCHCOND_HD __host__ __device__ __forceinline__
 #else

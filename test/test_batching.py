@@ -193,7 +193,7 @@ def test_conditional_node_plumbing_with_a_recording_if_body():
     later branches copy their outputs into the first branch's (the graph's fixed outputs)."""
     import contextlib
 
-    from torchcond._src.ops import form_of, switch_op
+    from torchcond._src.ops import kind_of, switch_op
     from torchcond._src.strategies import run_as_conditional_nodes
 
     seen = []
@@ -206,13 +206,13 @@ def test_conditional_node_plumbing_with_a_recording_if_body():
     branches = [lambda a: (a + 1,), lambda a: (a * 2,), lambda a: (a - 5,)]
     x = torch.arange(3.0)
     (out,) = run_as_conditional_nodes(
-        form_of(switch_op), torch.tensor(1), branches, (x,), ["b0", "b1", "b2"], recording_if_body
+        kind_of(switch_op), torch.tensor(1), branches, (x,), ["b0", "b1", "b2"], recording_if_body
     )
     assert seen == [False, True, False]
     torch.testing.assert_close(out, x - 5)  # every body ran here, so the last copy wins
     with pytest.raises(Exception, match="agree on shape"):
         run_as_conditional_nodes(
-            form_of(switch_op),
+            kind_of(switch_op),
             torch.tensor(0),
             [lambda a: (a,), lambda a: (a[:2],)],
             (x,),
@@ -620,13 +620,13 @@ def test_strategy_select_returns_an_operand_every_branch_returns_unchanged():
 def test_map_conditional_with_a_batched_selector_equals_python_if():
     # The rule autograd.Conditional.vmap uses, with the selector batched too.
     from torchcond._src.batching import map_conditional
-    from torchcond._src.ops import cond_op, form_of
+    from torchcond._src.ops import cond_op, kind_of
 
     p = torch.tensor([True, False, True])
     xs = torch.tensor([[1.0, 0.0, 4.0], [4.0, 9.0, 0.0]])  # batched along dim 1
     w = torch.tensor([10.0, 20.0])
     branches = [lambda x, w: (x.sqrt() + w, w), lambda x, w: (x - w, w)]
-    got = map_conditional(form_of(cond_op), p, 0, branches, (xs, w), (1, None), 3, "error")
+    got = map_conditional(kind_of(cond_op), p, 0, branches, (xs, w), (1, None), 3, "error")
     want = [
         per_example(lambda p, x, j=j: branches[0 if p else 1](x, w)[j], p, xs.t()) for j in (0, 1)
     ]

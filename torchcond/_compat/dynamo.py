@@ -98,10 +98,10 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
     return both(message)
 
 
-def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
+def install(kinds: dict, check_outputs, state_rules, number_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
-    ``forms`` maps each operator to ``(taken, labels, warn_if_exporting)``:
+    ``kinds`` maps each operator to ``(taken, labels, warn_if_exporting)``:
     ``taken(constant_selector, n) -> branch index``, used when dynamo sees a constant
     selector and inlines that branch (it raises a ``CondError`` for a constant that is
     no selector), ``labels(n)``, the branches' names in messages, and
@@ -114,7 +114,7 @@ def install(forms: dict, check_outputs, state_rules, number_rules) -> None:
     ``pytrees.speculated`` makes a ``Carried`` (see ``_number_values``).
     """
     rules = (check_outputs, state_rules, number_rules)
-    when_imported(_HOP_VARIABLES, lambda module: _register(module, forms, *rules))
+    when_imported(_HOP_VARIABLES, lambda module: _register(module, kinds, *rules))
 
 
 class _Operator(NamedTuple):
@@ -129,10 +129,10 @@ class _Operator(NamedTuple):
     number_rules: Any
 
 
-def _register(hop, forms: dict, check_outputs, state_rules, number_rules) -> None:
+def _register(hop, kinds: dict, check_outputs, state_rules, number_rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
     rules = (check_outputs, state_rules, number_rules)
-    for op, (taken, labels, warn_if_exporting) in forms.items():
+    for op, (taken, labels, warn_if_exporting) in kinds.items():
         spec = _Operator(op.name(), taken, labels, warn_if_exporting, *rules)
         registry[op.name()] = _make_variable_class(hop, spec)
 

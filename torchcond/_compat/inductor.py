@@ -267,7 +267,7 @@ def _fx_value(arg):
 
 def _clamped(lowering, index, num_branches: int):
     """``index`` clamped to ``[0, num_branches - 1]``, as a tensor or a sympy expression:
-    switch's index rule (``_src/forms.py``, ``clamp_index``) in Inductor's IR."""
+    switch's index rule (``_src/kinds.py``, ``clamp_index``) in Inductor's IR."""
     import sympy
     from torch._inductor import ir
 

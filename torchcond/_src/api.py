@@ -18,8 +18,9 @@ from .._compat.dynamo import raise_at_compile_time as _raise_compiled
 from .._compat.dynamo import tracing_a_subgraph as _in_subgraph
 from ..errors import CondArgumentError, CondError
 from . import strategies
-from .forms import (
-    Form,
+from .host import host_readable
+from .kinds import (
+    ConditionalKind,
     check_branch_list,
     check_callables,
     normalize_index,
@@ -27,9 +28,8 @@ from .forms import (
     python_scalar,
     switch_labels,
 )
-from .host import host_readable
 from .numbers import restored_under_dynamo
-from .ops import call, cond_op, form_of, switch_op
+from .ops import call, cond_op, kind_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
 from .strategies import Strategy
 
@@ -54,7 +54,7 @@ _profiling = _compat.profiler_enabled
 # every global its trace touched, and reaching ``torch`` through this module as well
 # as through the user's would add an alias guard (a Python lambda) to every call.
 _BOOL = torch.bool
-_COND, _SWITCH = form_of(cond_op), form_of(switch_op)
+_COND, _SWITCH = kind_of(cond_op), kind_of(switch_op)
 
 
 def cond(
@@ -296,61 +296,65 @@ def _operator_under_dynamo(
     return out if leaves_only else restored_under_dynamo(out)
 
 
-def _slow(form: Form, selector, branches, operands, strategy="auto", check_branches=False):
+def _slow(
+    kind: ConditionalKind, selector, branches, operands, strategy="auto", check_branches=False
+):
     """Every call the eager fast path does not take: checked, then run as ``strategy``,
     the selector and tracing say. Under a profiler, in a range named after the call."""
     if not _dynamo_compiling() and _profiling():
-        with torch.autograd.profiler.record_function(f"torchcond.{form.name}"):
-            return _checked_and_run(form, selector, branches, operands, strategy, check_branches)
-    return _checked_and_run(form, selector, branches, operands, strategy, check_branches)
+        with torch.autograd.profiler.record_function(f"torchcond.{kind.name}"):
+            return _checked_and_run(kind, selector, branches, operands, strategy, check_branches)
+    return _checked_and_run(kind, selector, branches, operands, strategy, check_branches)
 
 
-def _checked_and_run(form: Form, selector, branches, operands, strategy, check_branches):
-    branches = form.check_branches(branches)
+def _checked_and_run(kind: ConditionalKind, selector, branches, operands, strategy, check_branches):
+    branches = kind.check_branches(branches)
     _check_operands(operands)
     n = len(branches)
-    labelled = list(zip(branches, form.labels(n)))
+    labelled = list(zip(branches, kind.labels(n)))
     if strategies.chooses_select(strategy, selector):
-        return _select_path(form, form.normalize(selector, n), labelled, operands, strategy)
+        return _select_path(kind, kind.normalize(selector, n), labelled, operands, strategy)
     selector = python_scalar(selector)
-    if form.is_constant(selector):
-        form.warn_if_exporting(selector, stacklevel=4)
-        return _run_concrete(form, labelled, form.taken(selector, n), operands, check_branches)
+    if kind.is_constant(selector):
+        kind.warn_if_exporting(selector, stacklevel=4)
+        return _run_concrete(kind, labelled, kind.taken(selector, n), operands, check_branches)
     if isinstance(selector, torch.Tensor):
-        form.check_tensor(selector)
+        kind.check_tensor(selector)
         if host_readable(selector):
-            taken = form.taken(selector, n)
-            return _run_concrete(form, labelled, taken, operands, check_branches)
-        selector = form.tensor_selector(selector, n)
+            taken = kind.taken(selector, n)
+            return _run_concrete(kind, labelled, taken, operands, check_branches)
+        selector = kind.tensor_selector(selector, n)
     else:  # symbolic, or a type nobody takes: normalize says so
-        selector = form.normalize(selector, n)
-    return _call_operator(form.op, selector, labelled, operands)
+        selector = kind.normalize(selector, n)
+    return _call_operator(kind.op, selector, labelled, operands)
 
 
-def _run_concrete(form: Form, labelled_branches, taken: int, operands, check_branches: bool):
+def _run_concrete(
+    kind: ConditionalKind, labelled_branches, taken: int, operands, check_branches: bool
+):
     """The taken branch, run as a Python `if` would; with ``check_branches``, every
     branch is first checked on fake tensors as tracing would check it."""
     if check_branches:
-        _check_every_branch(form, labelled_branches, operands)
+        _check_every_branch(kind, labelled_branches, operands)
     fn, label = labelled_branches[taken]
     if not _dynamo_compiling() and _profiling():
         # The taken branch's range, inside the call's: ``torchcond.cond/true_fn``,
         # ``torchcond.switch/branches[2]``.
-        with torch.autograd.profiler.record_function(f"torchcond.{form.name}/{label}"):
+        with torch.autograd.profiler.record_function(f"torchcond.{kind.name}/{label}"):
             return _run_taken(fn, label, operands)
     return _run_taken(fn, label, operands)
 
 
-def _check_every_branch(form: Form, labelled_branches, operands) -> None:
+def _check_every_branch(kind: ConditionalKind, labelled_branches, operands) -> None:
     """Trace the conditional as ``torch.export`` would (symbolic shapes, fake tensors),
     so that what it would refuse in any branch raises now; the trace is dropped."""
     flat, spec = pytree.tree_flatten(operands)
     # A selector the trace cannot read, so that every branch is traced.
-    selector = torch.zeros((), dtype=form.selector_dtype)
+    selector = torch.zeros((), dtype=kind.selector_dtype)
 
     def call(selector, *flat):
         return _call_operator(
-            form.op, selector, labelled_branches, pytree.tree_unflatten(list(flat), spec)
+            kind.op, selector, labelled_branches, pytree.tree_unflatten(list(flat), spec)
         )
 
     _compat.trace_as_export_would(call, (selector, *flat))
@@ -367,19 +371,19 @@ def _run_taken(fn, label: str, operands):
 
 def _call_operator(op, selector, labelled_branches, operands):
     """``op(selector, *branches, operands)`` on flat operands; the user's pytree rebuilt."""
-    form = form_of(op)
+    kind = kind_of(op)
     return run_flat(
         labelled_branches,
         operands,
-        lambda branches, flat, labels: call(form, selector, branches, flat),
+        lambda branches, flat, labels: call(kind, selector, branches, flat),
         selector=selector,
     )
 
 
-def _select_path(form: Form, selector, labelled_branches, operands, strategy):
+def _select_path(kind: ConditionalKind, selector, labelled_branches, operands, strategy):
     """The branches run as ``strategies.runner`` says, on flat operands."""
     if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
-        selector = torch.scalar_tensor(selector, dtype=form.selector_dtype)
+        selector = torch.scalar_tensor(selector, dtype=kind.selector_dtype)
     if _dynamo_compiling():
         # Dynamo inlines the branches below, where no dispatch mode can refuse a write
         # from a branch that runs untaken. Calling the operator makes dynamo speculate
@@ -391,7 +395,7 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
             # stands in for the select there. Its values are the same (a Python
             # `if`'s); Inductor picks its branch on the host.
             return _operator_under_dynamo(
-                form.op, selector, labelled_branches, operands, may_write=False
+                kind.op, selector, labelled_branches, operands, may_write=False
             )
         # Only the checks are wanted, so dynamo emits no node: AOTAutograd would trace
         # one before dropping it, and some rules refuse what the inline run below
@@ -401,7 +405,7 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
         # branches, which dynamo refuses.
         with _compat.torch_function_disabled():
             _operator_under_dynamo(
-                form.op,
+                kind.op,
                 selector,
                 labelled_branches,
                 operands,
@@ -412,7 +416,7 @@ def _select_path(form: Form, selector, labelled_branches, operands, strategy):
     return run_flat(
         labelled_branches,
         operands,
-        strategies.runner(form, selector, strategy),
+        strategies.runner(kind, selector, strategy),
         selected=True,
         selector=selector,
     )

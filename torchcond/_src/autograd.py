@@ -34,8 +34,8 @@ from ..errors import UnsupportedCondError
 from . import closures, draws
 from .batching import map_conditional
 from .closures import closure_free
-from .forms import Form
 from .host import host_readable
+from .kinds import ConditionalKind
 from .subgraph import is_symbolic_scalar, symbols_of
 from .tracing import (
     GRAD_DISABLED,
@@ -54,15 +54,15 @@ from .tracing import (
 # --- the Autograd-key rule -----------------------------------------------------------
 
 
-def autograd_rule(form: Form, selector, branches, operands):
+def autograd_rule(kind: ConditionalKind, selector, branches, operands):
     if not torch.is_grad_enabled():
-        return form.call_below_autograd(selector, branches, operands)
+        return kind.call_below_autograd(selector, branches, operands)
     if host_readable(selector):
-        return form.taken_branch(selector, branches)(*operands)
+        return kind.taken_branch(selector, branches)(*operands)
     n = len(operands)
-    lifted, operands = closures.lift(form, branches, tuple(operands))
+    lifted, operands = closures.lift(kind, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
-        return form.call_below_autograd(selector, lifted, operands)
+        return kind.call_below_autograd(selector, lifted, operands)
     # Writes: the conditional returns the new values as differentiable outputs and
     # they are written back here, where autograd sees the write. Derivatives
     # recompute the branches from the operands the forward saw, so a written one
@@ -71,14 +71,14 @@ def autograd_rule(form: Form, selector, branches, operands):
     derivative = None if written else _derivative_source(branches, lifted, operands[n:])
     inputs = tuple(t.clone() if i in written else t for i, t in enumerate(operands))
     graphs = [plain(b) for b in lifted]
-    drawn = draws.saved_for_derivative(graphs, form.labels(len(lifted)))
+    drawn = draws.saved_for_derivative(graphs, kind.labels(len(lifted)))
     if drawn is not None:
         out = Conditional.apply(
-            form, selector, drawn.forward, (drawn.replay, drawn.n_draws), *inputs
+            kind, selector, drawn.forward, (drawn.replay, drawn.n_draws), *inputs
         )
         out = out[: len(out) - drawn.n_draws]
     else:
-        out = Conditional.apply(form, selector, tuple(lifted), derivative, *inputs)
+        out = Conditional.apply(kind, selector, tuple(lifted), derivative, *inputs)
     return written_back(out, written, lambda w, new: operands[w].copy_(new))
 
 
@@ -113,16 +113,16 @@ def _derivative_source(branches, lifted, closed_over: tuple):
     return None
 
 
-def functorch_rule(form: Form, selector, branches, operands):
+def functorch_rule(kind: ConditionalKind, selector, branches, operands):
     """torch.func grad/vjp/jvp over a conditional whose selector is not readable.
 
     ``Conditional`` is a functorch-aware autograd.Function (``setup_context`` form),
     so applying it under the transform differentiates it with the rules below.
     """
     n = len(operands)
-    branches, operands, written = closures.lift_under_transform(form, branches, tuple(operands))
-    refuse_writes_under_transform(written, n, form.labels(len(branches)))
-    return Conditional.apply(form, selector, tuple(branches), None, *operands)
+    branches, operands, written = closures.lift_under_transform(kind, branches, tuple(operands))
+    refuse_writes_under_transform(written, n, kind.labels(len(branches)))
+    return Conditional.apply(kind, selector, tuple(branches), None, *operands)
 
 
 def with_tangents(outputs) -> tuple:
@@ -167,14 +167,14 @@ class Conditional(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(form, selector, branches, derivative, *operands):
+    def forward(kind, selector, branches, derivative, *operands):
         with conditional_forward():
-            return tuple(form.call_below_autograd(selector, branches, operands))
+            return tuple(kind.call_below_autograd(selector, branches, operands))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        form, selector, branches, derivative, *operands = inputs
-        ctx.form, ctx.n_operands = form, len(operands)
+        kind, selector, branches, derivative, *operands = inputs
+        ctx.kind, ctx.n_operands = kind, len(operands)
         ctx.user_code = derivative if isinstance(derivative, UserCode) else None
         own = derivative is None or ctx.user_code is not None
         ctx.branches, ctx.n_draws = ([plain(b) for b in branches], 0) if own else derivative
@@ -203,17 +203,17 @@ class Conditional(torch.autograd.Function):
             if out is None:
                 (graphs, used), built_in = vjp_graphs(ctx.branches, primals, need, present, given)
                 args = tuple((*primals, *given)[k] for k in used)
-                out = ctx.form.op(selector, *_recordable(ctx.form, graphs, built_in), args)
+                out = ctx.kind.op(selector, *_recordable(ctx.kind, graphs, built_in), args)
             for i, g in zip(need, out):
                 grads[i] = g
         return (None, None, None, None, *grads)
 
     @staticmethod
-    def vmap(info, in_dims, form, selector, branches, derivative, *operands):
+    def vmap(info, in_dims, kind, selector, branches, derivative, *operands):
         # torch.func's jacrev/hessian vmap the backward over basis cotangents, and
         # per-example gradients vmap it over a batched selector.
         out = map_conditional(
-            form,
+            kind,
             selector,
             in_dims[1],
             branches,
@@ -234,8 +234,8 @@ class Conditional(torch.autograd.Function):
         out = _from_user_code(ctx, selector, primals, given, lambda b, n, c: _jvp_of(b, n, have, c))
         if out is None:
             graphs, built_in = jvp_graphs(ctx.branches, primals, have, given)
-            out = ctx.form.op(
-                selector, *_recordable(ctx.form, graphs, built_in), (*primals, *given)
+            out = ctx.kind.op(
+                selector, *_recordable(ctx.kind, graphs, built_in), (*primals, *given)
             )
         out = (*out, *(None,) * ctx.n_draws)
         return tuple(t if d else None for t, d in zip(out, ctx.differentiable))
@@ -387,10 +387,10 @@ def _from_user_code(ctx, selector, primals, given, derivative_of):
         return None
     n = len(primals) - len(ctx.user_code.closures)
     fns = [derivative_of(b, n, ctx.user_code.closures) for b in ctx.user_code.branches]
-    return _retraced(ctx.form, tracer, selector, fns, (*primals[:n], *given))
+    return _retraced(ctx.kind, tracer, selector, fns, (*primals[:n], *given))
 
 
-def _retraced(form: Form, tracer, selector, fns, args):
+def _retraced(kind: ConditionalKind, tracer, selector, fns, args):
     """The conditional over derivative functions of the user's branches, traced in the
     current session, called on ``args`` and the closures they read.
 
@@ -398,15 +398,15 @@ def _retraced(form: Form, tracer, selector, fns, args):
     differentiated when autograd differentiates twice.
     """
     with torch.enable_grad():
-        traced = closures.trace_in_session(tracer, fns, args, form.labels(len(fns)))
+        traced = closures.trace_in_session(tracer, fns, args, kind.labels(len(fns)))
     for gm in traced.graphs:
         _drop_autograd_detaches(gm)
         draws.refuse_redraws(gm)
     operands = traced.operands
     if torch.is_grad_enabled() and any(_requires_grad(t) for t in operands):
         derivative = UserCode(tuple(fns), operands[len(args) :])
-        return Conditional.apply(form, selector, tuple(traced.branches), derivative, *operands)
-    return form.op(selector, *traced.branches, operands)
+        return Conditional.apply(kind, selector, tuple(traced.branches), derivative, *operands)
+    return kind.op(selector, *traced.branches, operands)
 
 
 def _derivative_graph(fn, args) -> torch.fx.GraphModule:
@@ -416,7 +416,7 @@ def _derivative_graph(fn, args) -> torch.fx.GraphModule:
     return gm
 
 
-def _recordable(form: Form, graphs, built_in) -> list:
+def _recordable(kind: ConditionalKind, graphs, built_in) -> list:
     """Derivative graphs to hand to the operator.
 
     Built as subgraphs of the make_fx session now tracing (``built_in``), they go as
@@ -428,7 +428,7 @@ def _recordable(form: Form, graphs, built_in) -> list:
         return list(graphs)
     copies = [renamed_copy(gm) for gm in graphs]
     n_operands = len(copies[0].graph.find_nodes(op="placeholder"))
-    return session_graphs(copies, form.labels(len(copies)), n_operands, tracer, functional=False)
+    return session_graphs(copies, kind.labels(len(copies)), n_operands, tracer, functional=False)
 
 
 # A branch's own ``detach`` is a stop-gradient and stays. Autograd adds ``detach``

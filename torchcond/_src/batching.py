@@ -19,18 +19,18 @@ import torch
 from .. import _C, _compat
 from ..errors import BranchMutationError
 from .closures import UNBATCHED, Mapped
-from .forms import Form
+from .kinds import ConditionalKind
 from .strategies import run_every_branch, select_outputs
 from .subgraph import returned_inputs
 from .tracing import logical_sizes, plain, written_back
 
 
-def vmap_rule(form: Form, interpreter, selector, branches, operands):
+def vmap_rule(kind: ConditionalKind, interpreter, selector, branches, operands):
     """The functorch Vmap-key rule of both operators."""
     level = interpreter.level()
     size = interpreter.batch_size()
     if isinstance(selector, torch.Tensor) and _compat.batched_at(selector, level):
-        return per_example(form, level, size, selector, branches, operands)
+        return per_example(kind, level, size, selector, branches, operands)
     # One selector for the batch: one conditional of mapped branches, below this level.
     tensors, in_dims = _unbatch_all(operands, level)
     unchanged = _Unchanged(len(branches))
@@ -39,7 +39,7 @@ def vmap_rule(form: Form, interpreter, selector, branches, operands):
         for k, b in enumerate(branches)
     ]
     with interpreter.lower():
-        out = form.op(selector, *mapped, tensors)
+        out = kind.op(selector, *mapped, tensors)
     # As a Python ``if`` returns them: an output every branch returns unchanged is
     # that operand or closure, with its own batching; one that no branch varies over
     # the batch is not batched.
@@ -66,7 +66,9 @@ def _copied_operands(branches) -> dict[int, int]:
     return {j: i for j, i in first.items() if all(r.get(j) == i for r in rest)}
 
 
-def per_example(form: Form, level: int, size: int, selector, branches, operands) -> tuple:
+def per_example(
+    kind: ConditionalKind, level: int, size: int, selector, branches, operands
+) -> tuple:
     """The rule for a selector batched at vmap ``level`` (a batch of ``size``).
 
     A branch per example: every branch runs on the whole batch and one select picks
@@ -74,10 +76,10 @@ def per_example(form: Form, level: int, size: int, selector, branches, operands)
     branch closes over are batched as its operands are; the select runs below it, on
     the batch's own tensors.
     """
-    labels = form.labels(len(branches))
+    labels = kind.labels(len(branches))
     copies = _copied_operands(branches)
     runs = [logical_sizes(b) for b in branches]
-    every = run_every_branch(form, selector, runs, operands, labels)
+    every = run_every_branch(kind, selector, runs, operands, labels)
     which, first = _C.batch_first([every.which, every.first], level, size)
     outputs = [_C.batch_first(outs, level, size) for outs in every.outputs]
     targets = {i: _written_per_example(operands[i], i, level, labels) for i in every.written}
@@ -97,7 +99,14 @@ def per_example(form: Form, level: int, size: int, selector, branches, operands)
 
 
 def map_conditional(
-    form: Form, selector, selector_dim, branches, operands, in_dims, batch_size, randomness
+    kind: ConditionalKind,
+    selector,
+    selector_dim,
+    branches,
+    operands,
+    in_dims,
+    batch_size,
+    randomness,
 ) -> tuple:
     """The conditional mapped over a batch (dims as vmap gives them); outputs batch-first.
 
@@ -106,11 +115,11 @@ def map_conditional(
     """
     if selector_dim is None:
         each = [Mapped(b, tuple(in_dims), batch_size, randomness) for b in branches]
-        return tuple(form.op(selector, *each, tuple(operands)))
+        return tuple(kind.op(selector, *each, tuple(operands)))
 
     # The conditional per example, whose vmap rule (above) runs every branch and selects.
     def one_example(selector, *operands):
-        return tuple(form.op(selector, *branches, operands))
+        return tuple(kind.op(selector, *branches, operands))
 
     mapped = torch.vmap(one_example, in_dims=(selector_dim, *in_dims), randomness=randomness)
     return mapped(selector, *operands)

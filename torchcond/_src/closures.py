@@ -26,12 +26,12 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import UnsupportedCondError
 from . import subgraph, tracing
-from .forms import Form, is_conditional_op, pack, unpack
+from .kinds import ConditionalKind, is_conditional_op, pack, unpack
 from .subgraph import getattr_path
 from .tracing import SessionGraph, Traced, functionalized, plain, trace_branches
 
 
-def lift(form: Form, branches, operands: tuple):
+def lift(kind: ConditionalKind, branches, operands: tuple):
     """Make every value a branch reads an explicit operand, so autograd sees it.
 
     Returns the branches to hand to the operator and its operands. A branch that
@@ -57,7 +57,7 @@ def lift(form: Form, branches, operands: tuple):
         # Functionalize rule unwraps before the proxy rule traces the branches.
         return branches, operands
     with _compat.below_autograd():
-        traced = trace_in_session(tracer, branches, operands, form.labels(len(branches)))
+        traced = trace_in_session(tracer, branches, operands, kind.labels(len(branches)))
     return traced.branches, traced.operands
 
 
@@ -94,7 +94,7 @@ def trace_in_session(
     return traced._replace(operands=operands + lifted)
 
 
-def lift_under_transform(form: Form, branches, operands: tuple):
+def lift_under_transform(kind: ConditionalKind, branches, operands: tuple):
     """``lift`` for a torch.func transform that differentiates the conditional.
 
     The transform sees only the operands, so a tensor a branch closes over would get
@@ -117,7 +117,7 @@ def lift_under_transform(form: Form, branches, operands: tuple):
             for b in branches
         ]
         if tracer is not None:
-            labels = form.labels(len(branches))
+            labels = kind.labels(len(branches))
             traced = trace_in_session(tracer, fns, inner, labels, lift_also=per_example.made)
             lifted = tuple(
                 per_example.outer(v, wrappers.outer) for v in traced.operands[len(operands) :]

@@ -33,8 +33,8 @@ import torch
 from .. import _compat
 from .._compat.after_import import when_imported
 from ..errors import BranchMismatchError, CondArgumentError
-from .forms import Form, unpack
 from .host import HOST_READABLE, host_readable
+from .kinds import ConditionalKind, unpack
 
 _DTENSOR_MODULE = "torch.distributed.tensor"
 
@@ -48,17 +48,17 @@ class _Layout(NamedTuple):
     stride: tuple | None
 
 
-def install(forms) -> None:
-    """The rule on the operators of ``forms``, once ``torch.distributed.tensor`` is
+def install(kinds) -> None:
+    """The rule on the operators of ``kinds``, once ``torch.distributed.tensor`` is
     imported."""
-    when_imported(_DTENSOR_MODULE, lambda module: _register(module, forms))
+    when_imported(_DTENSOR_MODULE, lambda module: _register(module, kinds))
 
 
-def _register(module: ModuleType, forms) -> None:
+def _register(module: ModuleType, kinds) -> None:
     dtensor = module.DTensor
     HOST_READABLE[dtensor] = _replicated
-    for form in forms:
-        _install(form, dtensor)
+    for kind in kinds:
+        _install(kind, dtensor)
 
 
 def _replicated(t: Any) -> bool:
@@ -66,37 +66,37 @@ def _replicated(t: Any) -> bool:
     return all(p.is_replicate() for p in t.placements)
 
 
-def _install(form: Form, dtensor: Any) -> None:
-    @form.op.py_impl(dtensor)
+def _install(kind: ConditionalKind, dtensor: Any) -> None:
+    @kind.op.py_impl(dtensor)
     def rule(*args):
-        return _on_dtensors(form, dtensor, *unpack(args))
+        return _on_dtensors(kind, dtensor, *unpack(args))
 
 
-def _on_dtensors(form: Form, dtensor: Any, selector, branches, operands):
+def _on_dtensors(kind: ConditionalKind, dtensor: Any, selector, branches, operands):
     """DTensors among the selector and the operands: see the module docstring."""
     if isinstance(selector, dtensor):
-        selector = _replicated_value(form, selector)
+        selector = _replicated_value(kind, selector)
     if host_readable(selector):
-        return form.taken_branch(selector, branches)(*operands)
+        return kind.taken_branch(selector, branches)(*operands)
     layouts = [_layout_of(t, dtensor) for t in operands]
     local = tuple(t if lay is None else t.to_local() for t, lay in zip(operands, layouts))
     returned: list = [None] * len(branches)  # each branch's output layouts, once it ran
     local_branches = [
         _on_local(branch, layouts, dtensor, returned, i) for i, branch in enumerate(branches)
     ]
-    out = form.op(selector, *local_branches, local)
+    out = kind.op(selector, *local_branches, local)
     if all(r is None for r in returned):  # no branch ran: nothing is returned
         return out
-    return _wrapped(out, _agreed(form.labels(len(branches)), returned), dtensor)
+    return _wrapped(out, _agreed(kind.labels(len(branches)), returned), dtensor)
 
 
-def _replicated_value(form: Form, selector):
+def _replicated_value(kind: ConditionalKind, selector):
     """The selector's local tensor, which holds its whole value on every rank."""
     if _replicated(selector):
         return selector.to_local()
-    arg = form.selector_arg
+    arg = kind.selector_arg
     raise CondArgumentError(
-        f"{form.name}: argument '{arg}' is a DTensor placed as {tuple(selector.placements)}, "
+        f"{kind.name}: argument '{arg}' is a DTensor placed as {tuple(selector.placements)}, "
         "so ranks hold different parts of its value and could take different branches; "
         f"reduce it to one value on every rank first: {arg}.full_tensor(), or "
         f"{arg}.redistribute(placements=[Replicate()] * {arg}.device_mesh.ndim)"

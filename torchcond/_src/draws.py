@@ -25,7 +25,7 @@ import torch
 
 from .. import _compat
 from ..errors import UnsupportedCondError
-from .forms import is_conditional_op, pack, unpack
+from .kinds import is_conditional_op, pack, unpack
 from .subgraph import getattr_path, written_arguments
 
 

@@ -32,8 +32,8 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from .forms import Form, pack
 from .host import UNDER_MODE, host_readable, traces
+from .kinds import ConditionalKind, pack
 
 # What the mode on top of the dispatch stack is to a conditional.
 USER, TAKES_HOPS, COUNTS_FLOPS = "user", "takes higher-order operators", "counts flops"
@@ -66,34 +66,34 @@ def takes_first(op) -> bool:
     return bool(_compat.len_dispatch_stack()) and top_kind(op) is not None
 
 
-def autograd_rule(form: Form, selector, branches, operands):
+def autograd_rule(ckind: ConditionalKind, selector, branches, operands):
     """At the Autograd key, for a mode that ``takes_first``."""
-    kind = top_kind(form.op)
+    kind = top_kind(ckind.op)
     if kind == COUNTS_FLOPS:
         with _compat.pop_dispatch_mode() as mode:
-            return flop_rule(form, mode, selector, branches, operands)
-    return python_key_rule(form, selector, branches, operands)
+            return flop_rule(ckind, mode, selector, branches, operands)
+    return python_key_rule(ckind, selector, branches, operands)
 
 
-def python_key_rule(form: Form, selector, branches, operands):
+def python_key_rule(kind: ConditionalKind, selector, branches, operands):
     """At the Python key, for a mode of kind ``USER`` or ``TAKES_HOPS`` (``dispatch``)."""
-    if top_kind(form.op) == TAKES_HOPS:
+    if top_kind(kind.op) == TAKES_HOPS:
         with _compat.pop_dispatch_mode() as mode:
-            out = mode.__torch_dispatch__(form.op, [], pack(selector, branches, operands), {})
+            out = mode.__torch_dispatch__(kind.op, [], pack(selector, branches, operands), {})
         if out is not NotImplemented:
             return out
-    return user_mode_rule(form, selector, branches, operands)
+    return user_mode_rule(kind, selector, branches, operands)
 
 
-def user_mode_rule(form: Form, selector, branches, operands):
+def user_mode_rule(kind: ConditionalKind, selector, branches, operands):
     """A Python ``if`` under the mode; a conditional beneath it when unreadable."""
-    if host_readable(selector, UNDER_MODE, form.op):
-        return form.taken_branch(selector, branches)(*operands)
+    if host_readable(selector, UNDER_MODE, kind.op):
+        return kind.taken_branch(selector, branches)(*operands)
     with _compat.pop_dispatch_mode():
-        return form.op(*pack(selector, branches, operands))
+        return kind.op(*pack(selector, branches, operands))
 
 
-def flop_rule(form: Form, mode, selector, branches, operands):
+def flop_rule(kind: ConditionalKind, mode, selector, branches, operands):
     """``FlopCounterMode``'s count for the conditional (``mode`` popped), and its value.
 
     Readable: the taken branch's output, from its one run for real; the others run on
@@ -101,9 +101,9 @@ def flop_rule(form: Form, mode, selector, branches, operands):
     are real, as under a real-tensor make_fx trace), outside any make_fx trace, and the
     value is the conditional's as it would be without the mode.
     """
-    labels = [f"torchcond.{form.name}'s {label}" for label in form.labels(len(branches))]
-    if host_readable(selector, UNDER_MODE, form.op):
-        taken = form.taken(selector, len(branches))
+    labels = [f"torchcond.{kind.name}'s {label}" for label in kind.labels(len(branches))]
+    if host_readable(selector, UNDER_MODE, kind.op):
+        taken = kind.taken(selector, len(branches))
         ran: list = []
 
         def run_taken(*args):
@@ -125,7 +125,7 @@ def flop_rule(form: Form, mode, selector, branches, operands):
     # The value, counted by nobody: the rules below may call branch graphs below the
     # Autograd key, where the counter's module tracker would fail (_compat).
     with _compat.modules_untracked(mode):
-        return form.op(*pack(selector, branches, operands))
+        return kind.op(*pack(selector, branches, operands))
 
 
 def upper_bound(mode, fns: Sequence[Callable], operands: tuple) -> None:

@@ -2,8 +2,8 @@
 
 Both are one conditional over N branches, called as ``op(selector, *branches,
 operands)``; they differ in how the selector picks a branch and how graphs are named
-(see ``forms.Form``). Each dispatch key has one rule below, written once for N branches and
-installed on both operators.
+(see ``kinds.ConditionalKind``). Each dispatch key has one rule below, written once for
+N branches and installed on both operators.
 
 Operator contract (what the rules receive): ``operands`` is a flat tuple of tensors
 (and SymInts once closures are lifted); every branch takes ``*operands`` and returns a
@@ -33,16 +33,16 @@ from . import distributed, numbers, state, untraced
 from .autograd import autograd_rule, functorch_rule, with_tangents
 from .batching import per_example, vmap_rule
 from .closures import trace_in_session
-from .forms import (
+from .host import TRANSFORM, host_readable
+from .kinds import (
     COND_NAME,
     SWITCH_NAME,
-    Form,
-    cond_form,
+    ConditionalKind,
+    cond_kind,
     pack,
-    switch_form,
+    switch_kind,
     unpack,
 )
-from .host import TRANSFORM, host_readable
 from .merge import check_agreement, merge_branch_outputs
 from .modes import (
     USER_MODES,
@@ -75,7 +75,7 @@ class _ConditionalOp(_compat.HigherOrderOperator):
         # torch finds a mode's rule by the mode's exact type, so a user's mode would
         # have none: modes.py has the one rule for them all.
         if dispatch_key == DispatchKey.Python and top_kind(self) in USER_MODES:
-            return python_key_rule(form_of(self), *unpack(args))
+            return python_key_rule(kind_of(self), *unpack(args))
         return super().dispatch(dispatch_key, *args, **kwargs)
 
 
@@ -108,17 +108,17 @@ cond_op = CondOp()
 switch_op = SwitchOp()
 
 
-_FORMS = {cond_op: cond_form(cond_op), switch_op: switch_form(switch_op)}
+_KINDS = {cond_op: cond_kind(cond_op), switch_op: switch_kind(switch_op)}
 
 
-def form_of(op) -> Form:
-    return _FORMS[op]
+def kind_of(op) -> ConditionalKind:
+    return _KINDS[op]
 
 
 # --- one rule per dispatch key -----------------------------------------------------
 
 
-def _dense(form: Form, selector, branches, operands):
+def _dense(kind: ConditionalKind, selector, branches, operands):
     """Real tensors: run the taken branch. Meta predicates cannot be read: merge all."""
     if isinstance(selector, torch.Tensor) and selector.device.type == "meta":
         real = [
@@ -126,17 +126,17 @@ def _dense(form: Form, selector, branches, operands):
         ]
         if real:
             raise CondArgumentError(
-                f"{form.op.name()}: the selector is a meta tensor, so no branch can be "
+                f"{kind.op.name()}: the selector is a meta tensor, so no branch can be "
                 f"chosen, but operands are real tensors (on {real[0]}); put the "
                 "selector on their device, or make every operand a meta tensor"
             )
-        return _all_branches_merged(form, branches, operands, shape_env=None)
-    return form.taken_branch(selector, branches)(*operands)
+        return _all_branches_merged(kind, branches, operands, shape_env=None)
+    return kind.taken_branch(selector, branches)(*operands)
 
 
-def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
+def _fake(kind: ConditionalKind, mode: FakeTensorMode, selector, branches, operands):
     """The selector is unknown: run every branch on fake tensors and merge."""
-    if _subclass_rule(form.op, (selector, *operands)) is not None:
+    if _subclass_rule(kind.op, (selector, *operands)) is not None:
         return NotImplemented  # e.g. DTensors: their rule (distributed.py) runs on locals
     with mode:
         # Unbacked sizes inside a branch are the subgraph's own; the merged sizes are
@@ -144,7 +144,7 @@ def _fake(form: Form, mode: FakeTensorMode, selector, branches, operands):
         with _compat.ignore_fresh_unbacked(mode), state.every_branch_runs():
             outs = [tuple(b(*operands)) for b in branches]
         outside = _compat.unbacked_symbols(operands)
-        return _merged(form, branches, outs, mode.shape_env, outside)
+        return _merged(kind, branches, outs, mode.shape_env, outside)
 
 
 def _subclass_rule(op, values):
@@ -155,7 +155,7 @@ def _subclass_rule(op, values):
     return None
 
 
-def _refuse_subclass_training(form: Form, selector, operands) -> None:
+def _refuse_subclass_training(kind: ConditionalKind, selector, operands) -> None:
     """AOTAutograd's joint trace (torch.compile with gradients) over tensor subclasses
     with a rule of their own (DTensor) would differentiate branches over the subclass
     while its tracer holds only the inner tensors: refused by name, not failed inside."""
@@ -163,42 +163,42 @@ def _refuse_subclass_training(form: Form, selector, operands) -> None:
         return
     if host_readable(selector):
         return
-    if _subclass_rule(form.op, (selector, *operands)) is None:
+    if _subclass_rule(kind.op, (selector, *operands)) is None:
         return
-    kinds = sorted({type(t).__name__ for t in operands if type(t) in form.op.python_key_table})
+    kinds = sorted({type(t).__name__ for t in operands if type(t) in kind.op.python_key_table})
     raise UnsupportedCondError(
-        f"{form.name}: differentiating a traced conditional over {', '.join(kinds)} operands "
+        f"{kind.name}: differentiating a traced conditional over {', '.join(kinds)} operands "
         "(torch.compile or AOTAutograd with gradients) is not supported yet; compile "
         "under torch.no_grad(), or run the conditional eagerly (a Python if)"
     )
 
 
-def _proxy(form: Form, mode: ProxyTorchDispatchMode, selector, branches, operands):
+def _proxy(kind: ConditionalKind, mode: ProxyTorchDispatchMode, selector, branches, operands):
     """One graph node whose branches are closure-free registered subgraphs."""
     # The make_fx tracer (a PythonKeyTracer: it has .root and .unwrap_proxy).
     tracer: Any = mode.tracer
     n_given = len(operands)
     graphs = graphs_of(branches, tracer)
     if graphs is None:  # not traced in this session yet
-        traced = trace_branches(tracer, branches, tuple(operands), form.labels(len(branches)))
+        traced = trace_branches(tracer, branches, tuple(operands), kind.labels(len(branches)))
         graphs, operands, written = traced.graphs, traced.operands, traced.written
     else:
         written, _ = pending_writes(branches)
-    refuse_untraced(form.name, labelled_inputs(selector, operands, n_given), tracer)
+    refuse_untraced(kind.name, labelled_inputs(selector, operands, n_given), tracer)
     if _compat.fake_mode_of(operands) is None:
         # Real tensors: the node's value below comes from the taken branch alone, so
         # check here that every branch's traced outputs agree, as the fake rule does.
-        _merged(form, graphs, [tuple(output_values(g)) for g in graphs], shape_env=None)
+        _merged(kind, graphs, [tuple(output_values(g)) for g in graphs], shape_env=None)
     if not output_values(graphs[0]):
         # Branches that may not mutate their inputs and return nothing have no effect:
         # checked and traced, but nothing to record.
         return ()
-    for name, gm in zip(form.graph_names(tracer.root, len(graphs)), graphs):
+    for name, gm in zip(kind.graph_names(tracer.root, len(graphs)), graphs):
         tracer.root.register_module(name, gm)
     args = pack(selector, graphs, operands)
     proxy_args = pytree.tree_map(tracer.unwrap_proxy, args)
-    out_proxy = tracer.create_proxy("call_function", form.op, proxy_args, {})
-    out = form.call_below_autograd(selector, graphs, operands)
+    out_proxy = tracer.create_proxy("call_function", kind.op, proxy_args, {})
+    out = kind.call_below_autograd(selector, graphs, operands)
     out = _compat.track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
     return written_back(out, written, lambda w, new: _recorded_copy(mode, operands[w], new))
 
@@ -216,14 +216,14 @@ def _functional_copy(ctx, target: torch.Tensor, value: torch.Tensor) -> None:
     ctx.sync(target)
 
 
-def _functionalize(form: Form, ctx, selector, branches, operands):
+def _functionalize(kind: ConditionalKind, ctx, selector, branches, operands):
     """Branches run functionalized; what they write to becomes extra outputs, written
     back here to the functional tensors, so the program records input mutations.
 
     Branches the Autograd rule already traced functionalized in this session are
     passed on as they are, to be recorded without another trace.
     """
-    labels = form.labels(len(branches))
+    labels = kind.labels(len(branches))
     tracer = _compat.active_fx_tracer()
     mode = getattr(ctx, "mode", None)
     written: tuple = ()
@@ -254,7 +254,7 @@ def _functionalize(form: Form, ctx, selector, branches, operands):
         ctx.unwrap_tensors(selector) if isinstance(selector, torch.Tensor) else selector
     )
     with ctx.redispatch_to_next():
-        out = form.op(*pack(inner_selector, branches, inner_operands))
+        out = kind.op(*pack(inner_selector, branches, inner_operands))
     out = written_back(out, written, lambda w, new: _functional_copy(ctx, operands[w], new))
     return ctx.wrap_tensors(out)
 
@@ -266,7 +266,7 @@ def _functionalized(ctx, fn, label: str):
     return ctx.functionalize(fn) if mode is None else functionalized(fn, mode, label)
 
 
-def _functorch(form: Form, interpreter, selector, branches, operands):
+def _functorch(kind: ConditionalKind, interpreter, selector, branches, operands):
     """torch.func transforms: a Python `if` when the selector is readable.
 
     The taken branch runs on the transform's wrapped tensors, so grad/jvp/vmap apply
@@ -274,56 +274,56 @@ def _functorch(form: Form, interpreter, selector, branches, operands):
     differentiate the conditional into conditionals (autograd.py), and vmap maps
     every branch (batching.py).
     """
-    if host_readable(selector, TRANSFORM, form.op):
-        out = form.taken_branch(selector, branches)(*operands)
+    if host_readable(selector, TRANSFORM, kind.op):
+        out = kind.taken_branch(selector, branches)(*operands)
         return with_tangents(out) if interpreter.key() == _compat.JVP_TRANSFORM else out
     if _compat.is_exporting() and _compat.grad_level_active():
         # Strict export's dynamo pass (non-strict export refuses in _proxy, first).
-        untraced.refuse_grad_wrapped(form.name, labelled_inputs(selector, operands, len(operands)))
+        untraced.refuse_grad_wrapped(kind.name, labelled_inputs(selector, operands, len(operands)))
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
         if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
             # A selector per example of an outer vmap (per-example gradients): every
             # branch runs and a select picks, here, so the transform differentiates
             # plain ops, tensors the branches close over included.
             return run_all_and_select(
-                form, selector, branches, operands, form.labels(len(branches))
+                kind, selector, branches, operands, kind.labels(len(branches))
             )
-        return functorch_rule(form, selector, branches, operands)
-    return vmap_rule(form, interpreter, selector, branches, operands)
+        return functorch_rule(kind, selector, branches, operands)
+    return vmap_rule(kind, interpreter, selector, branches, operands)
 
 
-def call(form: Form, selector, branches, operands):
-    """``form.op(selector, *branches, operands)``. Eagerly under a torch.func transform,
+def call(kind: ConditionalKind, selector, branches, operands):
+    """``kind.op(selector, *branches, operands)``. Eagerly under a torch.func transform,
     straight to the transform's rule (``_functorch``), where the operator's dispatch
     would arrive after flattening its arguments a few times over."""
     vmap = _compat.eager_vmap_level(selector)
     if vmap is not None:  # a selector per example: every branch runs and a select picks
         # What torch's dispatch to a transform does first (dispatch_functorch).
         operands = tuple([_compat.unwrap_dead_tensor(t) for t in operands])
-        return per_example(form, *vmap, selector, branches, operands)
+        return per_example(kind, *vmap, selector, branches, operands)
     interpreter = _compat.eager_functorch_interpreter()
     if interpreter is None:
-        return form.op(*pack(selector, branches, operands))
+        return kind.op(*pack(selector, branches, operands))
     selector = _compat.unwrap_if_dead(selector)
     operands = tuple([_compat.unwrap_dead_tensor(t) for t in operands])
-    return _functorch(form, interpreter, selector, branches, operands)
+    return _functorch(kind, interpreter, selector, branches, operands)
 
 
-def _dead_wrappers(form: Form, selector, branches, operands):
+def _dead_wrappers(kind: ConditionalKind, selector, branches, operands):
     """Tensors of a torch.func level that has ended are the tensors they wrap."""
     operands = tuple(map(_compat.unwrap_if_dead, operands))
-    return form.op(*pack(_compat.unwrap_if_dead(selector), branches, operands))
+    return kind.op(*pack(_compat.unwrap_if_dead(selector), branches, operands))
 
 
 # --- helpers -------------------------------------------------------------------------
 
 
-def _all_branches_merged(form, branches, operands, shape_env):
-    return _merged(form, branches, [tuple(b(*operands)) for b in branches], shape_env)
+def _all_branches_merged(kind, branches, operands, shape_env):
+    return _merged(kind, branches, [tuple(b(*operands)) for b in branches], shape_env)
 
 
-def _merged(form, branches, outs, shape_env, outside: frozenset = frozenset()):
-    return merge_branch_outputs(outs, form.labels(len(branches)), shape_env, outside)
+def _merged(kind, branches, outs, shape_env, outside: frozenset = frozenset()):
+    return merge_branch_outputs(outs, kind.labels(len(branches)), shape_env, outside)
 
 
 def _check_named_outputs(branch_outputs, labels, out_spec) -> None:
@@ -334,63 +334,63 @@ def _check_named_outputs(branch_outputs, labels, out_spec) -> None:
         raise_named(error, out_spec, None)
 
 
-def _install(form: Form) -> None:
-    op = form.op
+def _install(kind: ConditionalKind) -> None:
+    op = kind.op
 
     @op.py_impl(DispatchKey.CompositeExplicitAutograd)
     def dense(*args):
-        return _dense(form, *unpack(args))
+        return _dense(kind, *unpack(args))
 
     @op.py_impl(DispatchKey.Autograd)
     def autograd(*args):
         # Not py_autograd_impl: that skips the rule when no operand requires grad,
         # before closures (parameters a branch reads) have been made operands.
         if takes_first(op):  # a mode that traces nothing decides first (modes.py)
-            return modes_autograd_rule(form, *unpack(args))
+            return modes_autograd_rule(kind, *unpack(args))
         selector, branches, operands = unpack(args)
-        _refuse_subclass_training(form, selector, operands)
-        return autograd_rule(form, selector, branches, operands)
+        _refuse_subclass_training(kind, selector, operands)
+        return autograd_rule(kind, selector, branches, operands)
 
     @op.py_impl(_compat.DEAD_WRAPPER_KEY)
     def dead_wrappers(*args):
-        return _dead_wrappers(form, *unpack(args))
+        return _dead_wrappers(kind, *unpack(args))
 
     @op.py_impl(FlopCounterDispatchMode)
     def count_flops(mode, *args):
-        return flop_rule(form, mode, *unpack(args))
+        return flop_rule(kind, mode, *unpack(args))
 
     @op.py_impl(FakeTensorMode)
     def fake(mode, *args):
-        return _fake(form, mode, *unpack(args))
+        return _fake(kind, mode, *unpack(args))
 
     @op.py_impl(ProxyTorchDispatchMode)
     def proxy(mode, *args):
-        return _proxy(form, mode, *unpack(args))
+        return _proxy(kind, mode, *unpack(args))
 
     @op.py_functionalize_impl
     def functionalize(ctx, *args):
-        return _functionalize(form, ctx, *unpack(args))
+        return _functionalize(kind, ctx, *unpack(args))
 
     for transform in _compat.FUNCTORCH_TRANSFORMS:
 
         @op.py_impl(transform)
         def functorch(interpreter, *args):
-            return _functorch(form, interpreter, *unpack(args))
+            return _functorch(kind, interpreter, *unpack(args))
 
 
-for _form in _FORMS.values():
-    _install(_form)
+for _kind in _KINDS.values():
+    _install(_kind)
 
 _compat_dynamo.install(
     {
-        form.op: (form.constant_taken, form.labels, form.warn_if_exporting)
-        for form in _FORMS.values()
+        kind.op: (kind.constant_taken, kind.labels, kind.warn_if_exporting)
+        for kind in _KINDS.values()
     },
     _check_named_outputs,
     state,
     numbers,
 )
-_compat_export.install(frozenset(form.op.name() for form in _FORMS.values()))
+_compat_export.install(frozenset(kind.op.name() for kind in _KINDS.values()))
 _compat_inductor.install(cond_op, switch_op, in_place)
 _compat_onnx.install(onnx_translations(cond_op, switch_op))
-distributed.install(tuple(_FORMS.values()))
+distributed.install(tuple(_KINDS.values()))

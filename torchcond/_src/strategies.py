@@ -34,7 +34,7 @@ from .. import _compat
 from ..errors import CondArgumentError
 from . import select_ops
 from .closures import StandIns
-from .forms import Form, python_scalar
+from .kinds import ConditionalKind, python_scalar
 from .merge import check_agreement
 from .state import every_branch_runs
 from .tracing import written_back
@@ -60,7 +60,7 @@ def chooses_select(strategy: str, selector) -> bool:
     return isinstance(selector, torch.Tensor) and _compat.capturing_cuda_graph(selector)
 
 
-def runner(form: Form, selector: torch.Tensor, strategy: str) -> Callable:
+def runner(kind: ConditionalKind, selector: torch.Tensor, strategy: str) -> Callable:
     """``run(branches, operands, labels)`` for a selector ``chooses_select`` accepted.
 
     While a CUDA graph captures (``strategy="auto"`` only gets here then), the
@@ -71,14 +71,14 @@ def runner(form: Form, selector: torch.Tensor, strategy: str) -> Callable:
 
     def run(branches, operands, labels):
         if if_body is not None and not any_needs_grad(operands):
-            return run_as_conditional_nodes(form, selector, branches, operands, labels, if_body)
-        return run_all_and_select(form, selector, branches, operands, labels)
+            return run_as_conditional_nodes(kind, selector, branches, operands, labels, if_body)
+        return run_all_and_select(kind, selector, branches, operands, labels)
 
     return run
 
 
 def run_all_and_select(
-    form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]
+    kind: ConditionalKind, selector: torch.Tensor, branches, operands, labels: Sequence[str]
 ) -> tuple:
     """Run every branch on ``operands``, then pick each output element on the device.
 
@@ -86,10 +86,10 @@ def run_all_and_select(
     choice for everything). No value is read on the host. An operand some branch
     writes to is selected the same way and takes the selected value.
     """
-    refuse_untraced(form.name, labelled_inputs(selector, operands, len(operands)))
-    every = run_every_branch(form, selector, branches, operands, labels)
+    refuse_untraced(kind.name, labelled_inputs(selector, operands, len(operands)))
+    every = run_every_branch(kind, selector, branches, operands, labels)
     outputs = ((f"an output of {labels[k]}", v) for k, o in enumerate(every.outputs) for v in o)
-    refuse_untraced(form.name, outputs)
+    refuse_untraced(kind.name, outputs)
     out = select_outputs(every.which, every.first, every.outputs)
     out = written_back(out, every.written, lambda i, value: operands[i].copy_(value))
     return every.merged(out)
@@ -123,7 +123,7 @@ class EveryBranch(NamedTuple):
 
 
 def run_every_branch(
-    form: Form, selector: torch.Tensor, branches, operands, labels: Sequence[str]
+    kind: ConditionalKind, selector: torch.Tensor, branches, operands, labels: Sequence[str]
 ) -> EveryBranch:
     """Run every branch on ``operands`` (see ``EveryBranch`` for what comes back).
 
@@ -136,7 +136,7 @@ def run_every_branch(
     if n == 2 and selector.dtype is torch.bool:  # cond: the predicate is the mask
         which, first = None, selector
     else:
-        which = form.branch_of(selector, n)
+        which = kind.branch_of(selector, n)
         first = which == 0
     grad_mode = torch.is_grad_enabled()
     differentiable = grad_mode or _compat.differentiating_transforms_active()
@@ -297,7 +297,9 @@ def select_outputs(which, first, outputs) -> tuple:
     return tuple(select_ops.select_n(which, outputs))
 
 
-def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, if_body) -> tuple:
+def run_as_conditional_nodes(
+    kind: ConditionalKind, selector, branches, operands, labels, if_body
+) -> tuple:
     """Each branch captured into its own IF node of the CUDA graph being captured.
 
     On replay exactly one node runs, chosen on the device. The first branch's
@@ -306,7 +308,7 @@ def run_as_conditional_nodes(form: Form, selector, branches, operands, labels, i
     nodes do. Gradients are not recorded through the copies: callers use this only
     when no operand needs one.
     """
-    which = form.branch_of(selector, len(branches))
+    which = kind.branch_of(selector, len(branches))
     results: tuple = ()
     for k, branch in enumerate(branches):
         with if_body(which == k):

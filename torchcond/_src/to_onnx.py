@@ -7,7 +7,7 @@ scope, as torch's translation of ``torch.cond`` does.
 
 ``switch(i, b0, ..., bn)`` is ``b0 if i < 1 else (b1 if i < 2 else ... bn)``: the
 comparisons are made once, outside the chain, and the clamping of an out-of-range
-index (to ``b0`` or ``bn``, switch's index rule: ``forms.clamp_index``) falls out of the
+index (to ``b0`` or ``bn``, switch's index rule: ``kinds.clamp_index``) falls out of the
 ``<`` tests.
 
 The select operators (what ``passes.lower_to_select`` leaves, for runtimes without

@@ -1,10 +1,10 @@
-"""cond versus switch, in one place: the two operators' forms and their selectors.
+"""cond versus switch, in one place: the two operators' kinds and their selectors.
 
 Both operators are one conditional over N branches, called as
-``op(selector, *branches, operands)``. A ``Form`` holds everything that differs
-between them: how a selector is checked, normalized (clamped, for switch) and read,
-which branch it takes, how branches are labelled in messages, and how their graphs
-are named in a traced module.
+``op(selector, *branches, operands)``. A ``ConditionalKind`` holds everything that
+differs between them: how a selector is checked, normalized (clamped, for switch) and
+read, which branch it takes, how branches are labelled in messages, and how their
+graphs are named in a traced module.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from .. import _compat
 from ..errors import CondArgumentError
 
 
-class Form:
-    """What differs between the operators. ``COND`` and ``SWITCH`` below are the two.
+class ConditionalKind:
+    """What differs between the operators. ``_CondKind`` and ``_SwitchKind`` below are the two.
 
     The selector in each method is one the user passed (``normalize``), one the
     operator holds (``taken``, ``branch_of``) or a concrete value read on the host.
@@ -101,7 +101,7 @@ class Form:
             return self.op(*pack(selector, branches, operands))
 
 
-class _Cond(Form):
+class _CondKind(ConditionalKind):
     name, selector_arg, symbolic_kind = "cond", "pred", "a tensor or a SymBool"
     selector_dtype = torch.bool
 
@@ -139,7 +139,7 @@ class _Cond(Form):
         return normalize_pred(pred)
 
 
-class _Switch(Form):
+class _SwitchKind(ConditionalKind):
     name, selector_arg, symbolic_kind = "switch", "index", "a tensor or a SymInt"
     selector_dtype = torch.int64
 
@@ -178,17 +178,18 @@ class _Switch(Form):
         return normalize_index(index, n)
 
 
-def cond_form(op) -> Form:
-    return _Cond(op)
+def cond_kind(op) -> ConditionalKind:
+    return _CondKind(op)
 
 
-def switch_form(op) -> Form:
-    return _Switch(op)
+def switch_kind(op) -> ConditionalKind:
+    return _SwitchKind(op)
 
 
 # --- selectors, as module-level functions: the dynamo entry points in api.py call
 # them, and dynamo guards on every global a traced function reads, so these read only
-# module-level names of this module (no ``torch.X`` chains, no Form attributes).
+# module-level names of this module (no ``torch.X`` chains, no ConditionalKind
+# attributes).
 
 _BOOL = torch.bool
 _Tensor = torch.Tensor
