@@ -48,7 +48,7 @@ _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _C.eager_init(*_compat.PROFILER_FLAG, torch.cuda.is_current_stream_capturing)
 _taken_branch = _C.taken_branch
 _taken_case = _C.taken_case
-# A profiler runs: the slow path adds the conditional's ranges (``_slow``).
+# A profiler runs: the slow path adds the conditional's ranges (``_general_path``).
 _profiling = _compat.profiler_enabled
 # Module-level names for what the dynamo path reads: a compiled function guards on
 # every global its trace touched, and reaching ``torch`` through this module as well
@@ -155,7 +155,7 @@ def cond(
                 label = "true_fn" if bool(pred) else "false_fn"
                 raise_if_arity_error(error, fn, label, operands)
                 raise
-    return _slow(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)
+    return _general_path(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)
 
 
 def switch(
@@ -221,7 +221,7 @@ def switch(
                 i = min(max(int(index), 0), len(branches) - 1)
                 raise_if_arity_error(error, fn, f"branches[{i}]", operands)
                 raise
-    return _slow(_SWITCH, index, branches, operands, strategy, check_branches)
+    return _general_path(_SWITCH, index, branches, operands, strategy, check_branches)
 
 
 # --- the traced path ------------------------------------------------------------------
@@ -237,7 +237,7 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
     """
     try:
         if strategy != "auto":  # "select" (or a bad value): the shared path checks it all
-            return _slow(_COND, pred, (true_fn, false_fn), operands, strategy)
+            return _general_path(_COND, pred, (true_fn, false_fn), operands, strategy)
         check_callables((true_fn, false_fn), ("true_fn", "false_fn"))
         _check_operands(operands)
         # A Python number picks the branch; anything else is checked as eagerly
@@ -255,7 +255,7 @@ def _switch_under_dynamo(index, branches, operands, strategy):
     """As ``_cond_under_dynamo``; the graph holds the clamped index, as in other modes."""
     try:
         if strategy != "auto":
-            return _slow(_SWITCH, index, branches, operands, strategy)
+            return _general_path(_SWITCH, index, branches, operands, strategy)
         branches = check_branch_list(branches)
         _check_operands(operands)
         # A SymInt is an int to dynamo's isinstance: normalize_index clamps either.
@@ -296,18 +296,22 @@ def _operator_under_dynamo(
     return out if leaves_only else restored_under_dynamo(out)
 
 
-def _slow(
+def _general_path(
     kind: ConditionalKind, selector, branches, operands, strategy="auto", check_branches=False
 ):
-    """Every call the eager fast path does not take: checked, then run as ``strategy``,
-    the selector and tracing say. Under a profiler, in a range named after the call."""
+    """The slow path: every call the eager fast path does not take, checked, then run as
+    ``strategy``, the selector and tracing say. Under a profiler, in a range named after
+    the call."""
     if not _dynamo_compiling() and _profiling():
         with torch.autograd.profiler.record_function(f"torchcond.{kind.name}"):
-            return _checked_and_run(kind, selector, branches, operands, strategy, check_branches)
-    return _checked_and_run(kind, selector, branches, operands, strategy, check_branches)
+            return _check_and_route(kind, selector, branches, operands, strategy, check_branches)
+    return _check_and_route(kind, selector, branches, operands, strategy, check_branches)
 
 
-def _checked_and_run(kind: ConditionalKind, selector, branches, operands, strategy, check_branches):
+def _check_and_route(kind: ConditionalKind, selector, branches, operands, strategy, check_branches):
+    """The arguments checked, then the call handed on: to the select path, to the taken
+    branch when the selector is a constant or readable on the host, or else to the
+    operator."""
     branches = kind.check_branches(branches)
     _check_operands(operands)
     n = len(branches)
