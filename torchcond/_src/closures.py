@@ -28,7 +28,7 @@ from ..errors import UnsupportedCondError
 from . import subgraph, tracing
 from .kinds import ConditionalKind, is_conditional_op, pack, unpack
 from .subgraph import getattr_path
-from .tracing import SessionGraph, Traced, functionalized, plain, trace_branches
+from .tracing import SessionGraph, Traced, functionalized_writing_back, plain, trace_branches
 
 
 def lift(kind: ConditionalKind, branches, operands: tuple):
@@ -84,7 +84,8 @@ def trace_in_session(
     wrappers = Wrappers(_compat.functional_inner)
     with _compat.outside_functional_mode():
         functional = [
-            functionalized(_recording(f, wrappers), mode, label) for f, label in zip(fns, labels)
+            functionalized_writing_back(_recording(f, wrappers), mode, label)
+            for f, label in zip(fns, labels)
         ]
         inner = _compat.unwrap_functional(operands)
         traced = trace_branches(

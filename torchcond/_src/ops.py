@@ -58,7 +58,7 @@ from .strategies import run_all_and_select
 from .subgraph import output_values
 from .to_onnx import translations as onnx_translations
 from .tracing import (
-    functionalized,
+    functionalized_writing_back,
     graphs_of,
     pending_writes,
     plain,
@@ -216,7 +216,7 @@ def _functional_copy(ctx, target: torch.Tensor, value: torch.Tensor) -> None:
     ctx.sync(target)
 
 
-def _functionalize(kind: ConditionalKind, ctx, selector, branches, operands):
+def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands):
     """Branches run functionalized; what they write to becomes extra outputs, written
     back here to the functional tensors, so the program records input mutations.
 
@@ -246,7 +246,7 @@ def _functionalize(kind: ConditionalKind, ctx, selector, branches, operands):
         ]
     else:
         branches = [
-            _functionalized(ctx, _compat.run_with_interpreter(plain(b)), label)
+            _functionalized_by_ctx(ctx, _compat.run_with_interpreter(plain(b)), label)
             for b, label in zip(branches, labels)
         ]
     inner_operands = ctx.unwrap_tensors(operands)
@@ -259,11 +259,12 @@ def _functionalize(kind: ConditionalKind, ctx, selector, branches, operands):
     return ctx.wrap_tensors(out)
 
 
-def _functionalized(ctx, fn, label: str):
+def _functionalized_by_ctx(ctx, fn, label: str):
     """``fn`` functionalized by ``ctx``; a write to an input stays in its trace (C++
-    functionalization writes inputs back itself, Python's through tracing.functionalized)."""
+    functionalization writes inputs back itself, Python's through
+    tracing.functionalized_writing_back)."""
     mode = getattr(ctx, "mode", None)
-    return ctx.functionalize(fn) if mode is None else functionalized(fn, mode, label)
+    return ctx.functionalize(fn) if mode is None else functionalized_writing_back(fn, mode, label)
 
 
 def _functorch(kind: ConditionalKind, interpreter, selector, branches, operands):
@@ -369,7 +370,7 @@ def _install(kind: ConditionalKind) -> None:
 
     @op.py_functionalize_impl
     def functionalize(ctx, *args):
-        return _functionalize(kind, ctx, *unpack(args))
+        return _functionalize_rule(kind, ctx, *unpack(args))
 
     for transform in _compat.FUNCTORCH_TRANSFORMS:
 

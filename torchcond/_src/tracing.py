@@ -177,7 +177,7 @@ class Traced(NamedTuple):
         return self.branches[0].written
 
 
-def functionalized(fn: Callable, mode, label: str) -> Callable:
+def functionalized_writing_back(fn: Callable, mode, label: str) -> Callable:
     """``fn`` under the Python functionalization ``mode``, on functional wrappers of its
     (plain) inputs, returning plain tensors.
 
@@ -351,7 +351,7 @@ def _writes_as_outputs(
 
 
 def _functional_retrace(gm, operands: tuple, parent_tracer, label: str) -> torch.fx.GraphModule:
-    fn = functionalized(_replaying(gm), _compat.new_functional_mode(), label)
+    fn = functionalized_writing_back(_replaying(gm), _compat.new_functional_mode(), label)
     retraced, _ = trace_lifting(fn, operands, parent_tracer, user_stack_traces=False)
     return retraced
 
