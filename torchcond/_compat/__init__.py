@@ -761,6 +761,15 @@ def grad_level_active() -> bool:
     return any(i.key() == GRAD_TRANSFORM for i in stack or ())
 
 
+def exporting_under_grad() -> bool:
+    """Whether torch.export traces under a torch.func grad level. Dynamo calls it while
+    it traces (marked below), where it shows no functorch wrappers."""
+    return torch.compiler.is_exporting() and grad_level_active()
+
+
+exporting_under_grad._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def differentiating_transforms_active() -> bool:
     """True while a torch.func transform that differentiates (grad, jvp) or a forward-AD
     level is active; vmap alone differentiates nothing. 2.11-2.15

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from .. import _compat
-from .._compat.dynamo import compile_time_error
+from .._compat.dynamo import compile_time_error, raise_at_compile_time
 from ..errors import UnsupportedCondError
 
 
@@ -42,6 +42,16 @@ def refuse_grad_wrapped(what: str, labelled: Iterable[tuple[str, object]]) -> No
     for label, t in labelled:
         if isinstance(t, torch.Tensor) and _compat.is_differentiated_by_transform(t):
             raise compile_time_error(UnsupportedCondError, refusal(what, label))
+
+
+def refuse_grad_in_dynamo(what: str) -> None:
+    """In dynamo's pass of a strict export, under a grad level: raises, as eagerly. The
+    path where every branch runs is plain code there, whose tensors dynamo shows
+    without their wrappers."""
+    if _compat.is_dynamo_compiling() and _compat.exporting_under_grad():
+        raise_at_compile_time(
+            UnsupportedCondError, refusal(what, "an operand under torch.func.grad")
+        )
 
 
 def refusal(what: str, label: str) -> str:
