@@ -514,15 +514,16 @@ def _causes(error):
     return causes
 
 
+@pytest.mark.parametrize("strategy", ["auto", "select"])
 @pytest.mark.parametrize("closure", [False, True], ids=["operand", "closure"])
-def test_reverse_mode_transform_over_a_conditional_is_refused_by_strict_export(closure):
+def test_reverse_mode_transform_over_a_conditional_is_refused_by_strict_export(closure, strategy):
     # Refused in dynamo's pass, which torch reports as the operator's failure to
     # capture, ours as its cause: no torch.func level is left active.
     args = (torch.tensor([0.5, 2.0]), torch.tensor(1.5), torch.tensor(True))
     plain = _exported_value_or_error(PlainGrad(), args, strict=True)
     assert isinstance(plain, Exception) or isinstance(plain, torch._subclasses.FakeTensor)
     with pytest.raises(Exception) as caught:
-        export(UnderGrad("grad", closure=closure), args, strict=True)
+        export(UnderGrad("grad", strategy, closure), args, strict=True)
     causes = _causes(caught.value)
     assert any(isinstance(e, UnsupportedCondError) and "does not record" in str(e) for e in causes)
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
