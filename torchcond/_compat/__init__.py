@@ -30,6 +30,8 @@ TORCH_VERSION = _torch_version()
 # make_fx records ``detach`` as a differentiable ``alias`` from torch 2.14 on (checked:
 # detach on 2.11 and 2.13, alias on 2.14 and 2.15).
 DETACH_TRACED_AS_ALIAS = TORCH_VERSION >= (2, 14)
+# torch.export records no torch.func.jvp before 2.13 (its tensors become constants).
+EXPORT_TRACES_JVP = TORCH_VERSION >= (2, 13)
 if TORCH_VERSION < MIN_TORCH:
     raise ImportError(
         f"torchcond needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; found torch {torch.__version__}"
@@ -755,19 +757,23 @@ unwrap_dead_tensor = torch._C._functorch.unwrap_if_dead
 VMAP = torch._C._functorch.TransformType.Vmap
 
 
-def grad_level_active() -> bool:
-    """True while a torch.func grad level (grad, vjp, jacrev, hessian) is active. 2.11-2.15."""
+_UNEXPORTED_LEVELS = (GRAD_TRANSFORM,) if EXPORT_TRACES_JVP else (GRAD_TRANSFORM, JVP_TRANSFORM)
+
+
+def unexported_level_active() -> bool:
+    """True while a torch.func level whose tensors torch.export does not record is
+    active: grad (grad, vjp, jacrev, hessian), and jvp before 2.13. 2.11-2.15."""
     stack = _interpreter_stack() if _peek_interpreter_stack() is not None else None
-    return any(i.key() == GRAD_TRANSFORM for i in stack or ())
+    return any(i.key() in _UNEXPORTED_LEVELS for i in stack or ())
 
 
-def exporting_under_grad() -> bool:
-    """Whether torch.export traces under a torch.func grad level. Dynamo calls it while
-    it traces (marked below), where it shows no functorch wrappers."""
-    return torch.compiler.is_exporting() and grad_level_active()
+def exporting_under_unexported_level() -> bool:
+    """Whether torch.export traces under such a level. Dynamo calls it while it traces
+    (marked below), where it shows no functorch wrappers."""
+    return torch.compiler.is_exporting() and unexported_level_active()
 
 
-exporting_under_grad._dynamo_marked_constant = True  # type: ignore[attr-defined]
+exporting_under_unexported_level._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def differentiating_transforms_active() -> bool:

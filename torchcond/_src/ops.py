@@ -278,7 +278,7 @@ def _functorch(kind: ConditionalKind, interpreter, selector, branches, operands)
     if host_readable(selector, TRANSFORM, kind.op):
         out = kind.taken_branch(selector, branches)(*operands)
         return with_tangents(out) if interpreter.key() == _compat.JVP_TRANSFORM else out
-    if _compat.is_exporting() and _compat.grad_level_active():
+    if _compat.is_exporting() and _compat.unexported_level_active():
         # Strict export's dynamo pass (non-strict export refuses in _proxy, first).
         untraced.refuse_grad_wrapped(kind.name, labelled_inputs(selector, operands, len(operands)))
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:

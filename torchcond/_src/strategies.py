@@ -38,7 +38,7 @@ from .kinds import ConditionalKind, python_scalar
 from .merge import check_agreement
 from .state import every_branch_runs
 from .tracing import written_back
-from .untraced import labelled_inputs, refuse_grad_in_dynamo, refuse_untraced
+from .untraced import labelled_inputs, refuse_unexported_in_dynamo, refuse_untraced
 from .write_guard import BranchWrites, needs_grad
 
 # The accepted values, for type checkers (cond/switch annotate ``strategy`` with it)
@@ -86,7 +86,7 @@ def run_all_and_select(
     choice for everything). No value is read on the host. An operand some branch
     writes to is selected the same way and takes the selected value.
     """
-    refuse_grad_in_dynamo(kind.name)
+    refuse_unexported_in_dynamo(kind.name)
     refuse_untraced(kind.name, labelled_inputs(selector, operands, len(operands)))
     every = run_every_branch(kind, selector, branches, operands, labels)
     outputs = ((f"an output of {labels[k]}", v) for k, o in enumerate(every.outputs) for v in o)

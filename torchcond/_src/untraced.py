@@ -44,13 +44,13 @@ def refuse_grad_wrapped(what: str, labelled: Iterable[tuple[str, object]]) -> No
             raise compile_time_error(UnsupportedCondError, refusal(what, label))
 
 
-def refuse_grad_in_dynamo(what: str) -> None:
-    """In dynamo's pass of a strict export, under a grad level: raises, as eagerly. The
-    path where every branch runs is plain code there, whose tensors dynamo shows
-    without their wrappers."""
-    if _compat.is_dynamo_compiling() and _compat.exporting_under_grad():
+def refuse_unexported_in_dynamo(what: str) -> None:
+    """In dynamo's pass of a strict export, under a level export does not record
+    (``_compat.unexported_level_active``): raises, as eagerly. The path where every
+    branch runs is plain code there, whose tensors dynamo shows without wrappers."""
+    if _compat.is_dynamo_compiling() and _compat.exporting_under_unexported_level():
         raise_at_compile_time(
-            UnsupportedCondError, refusal(what, "an operand under torch.func.grad")
+            UnsupportedCondError, refusal(what, "an operand under this torch.func transform")
         )
 
 
@@ -61,7 +61,7 @@ def refusal(what: str, label: str) -> str:
         "trace does not record, so the exported program would hold it as a "
         "constant and ignore its inputs (torch records no grad, vjp, jacrev or "
         "hessian inside torch.export, nor a tensor made without a tangent under "
-        "jvp); export the function and apply the transform to the exported "
+        "jvp, nor any jvp before torch 2.13); export the function and apply the transform to the exported "
         "module, or trace with make_fx"
     )
 
