@@ -592,7 +592,11 @@ def _refuse_tangentless_in_exported_jvp(name: str, labels, branches) -> None:
         for j, value in enumerate(_example_outputs(branch.graph)):
             if not isinstance(value, torch.Tensor):
                 continue
-            if torch.autograd.forward_ad.unpack_dual(value, level=0).tangent is None:
+            try:
+                unpacked = torch.autograd.forward_ad.unpack_dual(value, level=0)
+            except RuntimeError:  # under vmap, torch 2.14 has no batching rule for it
+                continue
+            if unpacked.tangent is None:
                 from ..errors import UnsupportedCondError
 
                 what = name.removeprefix("torchcond_")
