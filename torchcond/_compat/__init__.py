@@ -263,8 +263,8 @@ def is_exporting() -> bool:
     return torch.compiler.is_exporting()
 
 
-def is_dynamo_compiling() -> bool:
-    return torch.compiler.is_dynamo_compiling()
+# An alias, not a wrapper: the select path asks it about twenty times a call.
+is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 # --- shapes ------------------------------------------------------------------------

@@ -86,11 +86,14 @@ def run_all_and_select(
     choice for everything). No value is read on the host. An operand some branch
     writes to is selected the same way and takes the selected value.
     """
-    refuse_unexported_in_dynamo(kind.name)
-    refuse_untraced(kind.name, labelled_inputs(selector, operands, len(operands)))
+    traced = _compat.tracing_active()  # export's refusals (untraced.py) need a trace
+    if traced:
+        refuse_unexported_in_dynamo(kind.name)
+        refuse_untraced(kind.name, labelled_inputs(selector, operands, len(operands)))
     every = run_every_branch(kind, selector, branches, operands, labels)
-    outputs = ((f"an output of {labels[k]}", v) for k, o in enumerate(every.outputs) for v in o)
-    refuse_untraced(kind.name, outputs)
+    if traced:
+        outputs = [(f"an output of {labels[k]}", v) for k, o in enumerate(every.outputs) for v in o]
+        refuse_untraced(kind.name, outputs)
     out = select_outputs(every.which, every.first, every.outputs)
     out = written_back(out, every.written, lambda i, value: operands[i].copy_(value))
     return every.merged(out)
