@@ -132,6 +132,7 @@ FUNCTORCH_TRANSFORMS = (
 DIFFERENTIATING_TRANSFORMS = FUNCTORCH_TRANSFORMS[:2]
 GRAD_TRANSFORM = torch._C._functorch.TransformType.Grad
 JVP_TRANSFORM = torch._C._functorch.TransformType.Jvp
+VMAP_TRANSFORM = torch._C._functorch.TransformType.Vmap
 
 
 def functorch_base(t: torch.Tensor) -> torch.Tensor:
@@ -760,11 +761,17 @@ VMAP = torch._C._functorch.TransformType.Vmap
 _UNEXPORTED_LEVELS = (GRAD_TRANSFORM,) if EXPORT_TRACES_JVP else (GRAD_TRANSFORM, JVP_TRANSFORM)
 
 
+def transform_level_active(*keys) -> bool:
+    """True while a torch.func level of one of ``keys`` (``TransformType``) is active.
+    2.11-2.15."""
+    stack = _interpreter_stack() if _peek_interpreter_stack() is not None else None
+    return any(i.key() in keys for i in stack or ())
+
+
 def unexported_level_active() -> bool:
     """True while a torch.func level whose tensors torch.export does not record is
-    active: grad (grad, vjp, jacrev, hessian), and jvp before 2.13. 2.11-2.15."""
-    stack = _interpreter_stack() if _peek_interpreter_stack() is not None else None
-    return any(i.key() in _UNEXPORTED_LEVELS for i in stack or ())
+    active: grad (grad, vjp, jacrev, hessian), and jvp before 2.13."""
+    return transform_level_active(*_UNEXPORTED_LEVELS)
 
 
 def exporting_under_unexported_level() -> bool:

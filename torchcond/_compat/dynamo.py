@@ -36,8 +36,8 @@ from typing import Any, NamedTuple, NoReturn
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import CondError
-from . import user_stack_trace
+from ..errors import BranchMutationError, CondError, UnsupportedCondError
+from . import JVP_TRANSFORM, VMAP_TRANSFORM, transform_level_active, user_stack_trace
 from .after_import import when_imported
 
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
@@ -257,7 +257,11 @@ class _ConditionalVariable:
             # Under vmap, dynamo's own check compares the versions of the batched
             # wrappers, which a write to the tensor inside them leaves unchanged.
             raise _select_write_error(name)
-        if torch.compiler.is_exporting() and _level_active(_VMAP) and _writes_an_input(graph):
+        if (
+            torch.compiler.is_exporting()
+            and transform_level_active(VMAP_TRANSFORM)
+            and _writes_an_input(graph)
+        ):
             # Strict export traces dynamo's graph again, and a refusal there would
             # leave the vmap level on (2.11-2.15): it is made here instead.
             raise _vmapped_write_error(name)
@@ -571,8 +575,6 @@ def _recording(tx, effects: _BranchEffects):
 
 
 def _select_write_error(name: str):
-    from ..errors import BranchMutationError
-
     return compile_time_error(
         BranchMutationError,
         f"{name}: input mutation (a write in place to an input), and every branch "
@@ -586,7 +588,7 @@ def _refuse_tangentless_in_exported_jvp(name: str, labels, branches) -> None:
     """Under torch.func.jvp in strict export, where every branch runs
     (strategy="select"): refuses a branch output without a tangent. torch.export holds
     such a tensor as a constant (2.11-2.15), so the program would ignore its inputs."""
-    if not (torch.compiler.is_exporting() and _level_active(_JVP)):
+    if not (torch.compiler.is_exporting() and transform_level_active(JVP_TRANSFORM)):
         return
     for label, branch in zip(labels, branches):
         for j, value in enumerate(_example_outputs(branch.graph)):
@@ -597,8 +599,6 @@ def _refuse_tangentless_in_exported_jvp(name: str, labels, branches) -> None:
             except RuntimeError:  # under vmap, torch 2.14 has no batching rule for it
                 continue
             if unpacked.tangent is None:
-                from ..errors import UnsupportedCondError
-
                 what = name.removeprefix("torchcond_")
                 raise compile_time_error(
                     UnsupportedCondError,
@@ -609,23 +609,11 @@ def _refuse_tangentless_in_exported_jvp(name: str, labels, branches) -> None:
 
 
 def _vmapped_write_error(name: str):
-    from ..errors import BranchMutationError
-
     return compile_time_error(
         BranchMutationError,
         f"{name}: a write in place to an input under torch.vmap, which torch.export "
         "cannot write back; return the new value instead (x + 1 rather than x.add_(1))",
     )
-
-
-_JVP = torch._C._functorch.TransformType.Jvp
-_VMAP = torch._C._functorch.TransformType.Vmap
-
-
-def _level_active(kind) -> bool:
-    """Whether a torch.func level of ``kind`` is active (dynamo runs the levels it traces)."""
-    stack = torch._C._functorch.get_interpreter_stack() or ()
-    return any(i.key() == kind for i in stack)
 
 
 # Tensor methods that return a view of self: a write to one is a write to self.

@@ -29,7 +29,7 @@ from .._compat import export as _compat_export
 from .._compat import inductor as _compat_inductor
 from .._compat import onnx as _compat_onnx
 from ..errors import CondArgumentError, CondError, UnsupportedCondError
-from . import distributed, numbers, state, untraced
+from . import distributed, numbers, state
 from .autograd import autograd_rule, functorch_rule, with_tangents
 from .batching import per_example, vmap_rule
 from .closures import trace_in_session
@@ -67,7 +67,7 @@ from .tracing import (
     writes_of,
     written_back,
 )
-from .untraced import labelled_inputs, refuse_untraced
+from .untraced import labelled_inputs, refuse_untraced, refuse_wrapped_in_export
 
 
 class _ConditionalOp(_compat.HigherOrderOperator):
@@ -278,9 +278,8 @@ def _functorch(kind: ConditionalKind, interpreter, selector, branches, operands)
     if host_readable(selector, TRANSFORM, kind.op):
         out = kind.taken_branch(selector, branches)(*operands)
         return with_tangents(out) if interpreter.key() == _compat.JVP_TRANSFORM else out
-    if _compat.is_exporting() and _compat.unexported_level_active():
-        # Strict export's dynamo pass (non-strict export refuses in _proxy, first).
-        untraced.refuse_grad_wrapped(kind.name, labelled_inputs(selector, operands, len(operands)))
+    # Strict export's dynamo pass (non-strict export refuses in _proxy, first).
+    refuse_wrapped_in_export(kind.name, labelled_inputs(selector, operands, len(operands)))
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
         if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
             # A selector per example of an outer vmap (per-example gradients): every

@@ -542,7 +542,8 @@ def _needs_function(sel, values) -> bool:
 
 def _differentiable(kind: _Kind, selector, *args) -> list[torch.Tensor]:
     values = kind.values(*args)
-    refuse_untraced(kind.qualname, kind.labelled(*args))
+    if _compat.pre_dispatch_tracing():  # labels only where export may refuse
+        refuse_untraced(kind.qualname, kind.labelled(*args))
     if values and _needs_function(selector, values):
         num_branches = len(kind.branches(selector, *args))
         return list(_SelectFunction.apply(kind, selector, num_branches, *values))

@@ -36,9 +36,12 @@ def refuse_untraced(what: str, labelled: Iterable[tuple[str, object]], tracer=No
             raise UnsupportedCondError(refusal(what, label))
 
 
-def refuse_grad_wrapped(what: str, labelled: Iterable[tuple[str, object]]) -> None:
-    """Raises, as dynamo passes it on, if a tensor in ``labelled`` is a grad level's:
-    dynamo's pass of a strict export, which records the graph the export then traces."""
+def refuse_wrapped_in_export(what: str, labelled: Iterable[tuple[str, object]]) -> None:
+    """Under torch.export and a level it does not record (dynamo's pass of a strict
+    export, which records the graph the export then traces): raises, as dynamo passes
+    it on, if a tensor in ``labelled`` is wrapped by a grad or jvp level."""
+    if not _compat.exporting_under_unexported_level():
+        return
     for label, t in labelled:
         if isinstance(t, torch.Tensor) and _compat.is_differentiated_by_transform(t):
             raise compile_time_error(UnsupportedCondError, refusal(what, label))
@@ -61,8 +64,8 @@ def refusal(what: str, label: str) -> str:
         "trace does not record, so the exported program would hold it as a "
         "constant and ignore its inputs (torch records no grad, vjp, jacrev or "
         "hessian inside torch.export, nor a tensor made without a tangent under "
-        "jvp, nor any jvp before torch 2.13); export the function and apply the transform to the exported "
-        "module, or trace with make_fx"
+        "jvp, nor any jvp before torch 2.13); export the function and apply the "
+        "transform to the exported module, or trace with make_fx"
     )
 
 
