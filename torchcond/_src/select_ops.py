@@ -542,7 +542,8 @@ def _needs_function(sel, values) -> bool:
 
 def _differentiable(kind: _Kind, selector, *args) -> list[torch.Tensor]:
     values = kind.values(*args)
-    if _compat.pre_dispatch_tracing():  # labels only where export may refuse
+    # Labels only where export may refuse (dynamo cannot trace the dispatch-key check).
+    if not _compat.is_dynamo_compiling() and _compat.pre_dispatch_tracing():
         refuse_untraced(kind.qualname, kind.labelled(*args))
     if values and _needs_function(selector, values):
         num_branches = len(kind.branches(selector, *args))
