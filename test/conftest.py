@@ -13,6 +13,7 @@ import ast
 import importlib
 import os
 import pathlib
+import sys
 import re
 
 import pytest
@@ -71,3 +72,36 @@ def pytest_pycollect_makemodule(module_path, parent):
     needs = ", ".join(f"{n} ({why})" for n, why in missing.items())
     module.reason = f"{module_path.name} needs {needs}; skipped as TORCHCOND_SKIP_MISSING=1"
     return module
+
+
+def torch_global_state() -> dict[str, object]:
+    """The parts of torch's thread state a test can leave changed by mistake."""
+    import torch
+
+    c = torch._C
+    return {
+        "grad mode": torch.is_grad_enabled(),
+        "inference mode": torch.is_inference_mode_enabled(),
+        "forward-AD mode": c._is_fwd_grad_enabled(),
+        "torch.func levels": c._functorch.get_dynamic_layer_stack_depth(),
+        "dispatch modes": c._len_torch_dispatch_stack(),
+        "torch function modes": c._len_torch_function_stack(),
+        "torch function enabled": c._is_torch_function_enabled(),
+        "dispatch keys included": str(c._dispatch_tls_local_include_set()),
+        "dispatch keys excluded": str(c._dispatch_tls_local_exclude_set()),
+    }
+
+
+@pytest.fixture(autouse=True)
+def torch_state_unchanged():
+    """Fails the test that leaves torch's thread state changed, instead of every later
+    test in its process."""
+    if "torch" not in sys.modules:
+        yield
+        return
+    before = torch_global_state()
+    yield
+    after = torch_global_state()
+    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    if changed:
+        pytest.fail(f"the test left torch's state changed (before, after): {changed}")

@@ -511,6 +511,7 @@ FOUND_BY_THE_MATRIX = [
     "export-strict|grad.vmap|closure_view|cond|auto",  # the same, a vmap level inside grad's
     "export-nonstrict|jvp|ordinary|cond|select",  # select's Function under jvp: not registered
     "export-nonstrict|jvp|constant|switch|select",  # a tangentless full_like as a constant
+    "compile-eager|autograd.vmap|constant|cond|select",  # NaN: dynamo's batched x needs no grad
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get

@@ -232,10 +232,13 @@ def _gradient_guard(grad_mode: bool, differentiable: bool) -> Callable[[torch.Te
 def _differentiated_later() -> bool:
     """Whether the program being traced may be differentiated later, whatever its
     inputs need now: one that make_fx or torch.export traces. torch.compile guards on
-    requires_grad and retraces when it changes."""
-    return _compat.tracing_active() and (
-        not _compat.is_dynamo_compiling() or _compat.is_exporting()
-    )
+    requires_grad and retraces when it changes, but under torch.func it shows the
+    wrapped tensors, which never read as requiring grad."""
+    if not _compat.tracing_active():
+        return False
+    if not _compat.is_dynamo_compiling() or _compat.is_exporting():
+        return True
+    return torch.is_grad_enabled() and _compat.transforms_active()
 
 
 def _differentiable_dtype(t: torch.Tensor) -> bool:
