@@ -13,8 +13,8 @@ import ast
 import importlib
 import os
 import pathlib
-import sys
 import re
+import sys
 
 import pytest
 
