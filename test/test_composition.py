@@ -512,6 +512,8 @@ FOUND_BY_THE_MATRIX = [
     "export-nonstrict|jvp|ordinary|cond|select",  # select's Function under jvp: not registered
     "export-nonstrict|jvp|constant|switch|select",  # a tangentless full_like as a constant
     "compile-eager|autograd.vmap|constant|cond|select",  # NaN: dynamo's batched x needs no grad
+    "compile-aot_eager|jacfwd|constant|cond|auto",  # refused under AOTAutograd, forward AD left on
+    "compile-aot_eager|jacfwd|write|cond|auto",  # a refusal in AOTAutograd's trace, the same
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get

@@ -98,7 +98,7 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
     return both(message)
 
 
-def install(kinds: dict, check_outputs, state_rules, number_rules) -> None:
+def install(kinds: dict, check_outputs, refuse_writes, state_rules, number_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
     ``kinds`` maps each operator to ``(taken, labels, warn_if_exporting)``:
@@ -108,12 +108,14 @@ def install(kinds: dict, check_outputs, state_rules, number_rules) -> None:
     ``warn_if_exporting(constant_selector)``, the warning that export keeps that branch only.
     ``check_outputs(per_branch_outputs, labels, out_spec)`` raises, naming the output
     path, when the speculated branches' outputs cannot be one operator's outputs.
+    ``refuse_writes(written_positions, n_operands, labels)`` raises the ``CondError``
+    for branches that write to their inputs under a transform that differentiates.
     ``state_rules`` (``_src/state.py``): what a branch may change outside itself, and
     the errors for what it may not (see ``_settle``).
     ``number_rules`` (``_src/numbers.py``): a number a branch returns, which
     ``pytrees.speculated`` makes a ``Carried`` (see ``_number_values``).
     """
-    rules = (check_outputs, state_rules, number_rules)
+    rules = (check_outputs, refuse_writes, state_rules, number_rules)
     when_imported(_HOP_VARIABLES, lambda module: _register(module, kinds, *rules))
 
 
@@ -125,13 +127,13 @@ class _Operator(NamedTuple):
     labels: Callable
     warn_if_exporting: Callable
     check_outputs: Callable
+    refuse_writes: Callable
     state_rules: Any
     number_rules: Any
 
 
-def _register(hop, kinds: dict, check_outputs, state_rules, number_rules) -> None:
+def _register(hop, kinds: dict, *rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
-    rules = (check_outputs, state_rules, number_rules)
     for op, (taken, labels, warn_if_exporting) in kinds.items():
         spec = _Operator(op.name(), taken, labels, warn_if_exporting, *rules)
         registry[op.name()] = _make_variable_class(hop, spec)
@@ -202,6 +204,7 @@ class _ConditionalVariable:
             for label, branch in zip(call.labels, call.branches)
         ]
         self._check_branch_outputs(tx, call.labels, branches)
+        self._refuse_writes_under_jvp(call, branches)
         if call.speculate_only:
             _refuse_tangentless_in_exported_jvp(self._op.name, call.labels, branches)
             return _variables().ConstantVariable.create(None)
@@ -247,6 +250,17 @@ class _ConditionalVariable:
             index = self._op.taken(constant, len(call.branches))
         self._op.warn_if_exporting(constant)
         return call.branches[index].call_function(tx, list(call.operands), {})
+
+    def _refuse_writes_under_jvp(self, call: _Call, branches: list[_Branch]) -> None:
+        """Refuses branches that write to their inputs under torch.func.jvp (jacfwd,
+        hessian), as the functorch rule does. Made here because AOTAutograd runs that
+        rule inside the forward-AD level of dynamo's graph, and a refusal there leaves
+        the level on (2.11-2.15)."""
+        if not transform_level_active(JVP_TRANSFORM):
+            return
+        written = sorted({i for b in branches for i in _written_operands(b, call.operands)})
+        with _as_eager_raises():
+            self._op.refuse_writes(written, len(call.operands), call.labels)
 
     def _speculate(self, tx, name, branch, operand_vts, may_write: bool) -> _Branch:
         """One branch traced into a subgraph, what it writes and returns checked."""
@@ -628,26 +642,43 @@ _IN_PLACE_DUNDERS = frozenset(f"__{n}__" for n in _IN_PLACE)
 
 
 def _writes_an_input(graph: torch.fx.Graph) -> bool:
-    """Whether a branch graph dynamo traced writes in place to one of its inputs or a
-    view of one: a Tensor method ending in ``_``, an in-place operator, ``out=``."""
-    aliases = {n for n in graph.nodes if n.op == "placeholder"}
+    """Whether a branch graph dynamo traced writes in place to one of its inputs."""
+    return bool(_written_inputs(graph))
+
+
+def _written_operands(branch: _Branch, operand_vts) -> set[int]:
+    """The positions of the operands ``branch`` writes to; ``len(operand_vts)`` stands
+    for the tensors it closes over."""
+    traced = (_variables().TensorVariable, _variables().SymNodeVariable)
+    keys = [_lift_key(vt.as_proxy()) if isinstance(vt, traced) else None for vt in operand_vts]
+    outer = {inner.node: _lift_key(o) for o, inner in branch.lifted.items()}
+    found = (outer.get(node) for node in _written_inputs(branch.graph))
+    return {keys.index(k) if k in keys else len(keys) for k in found}
+
+
+def _written_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The inputs a branch graph dynamo traced writes in place to, or to a view of:
+    a Tensor method ending in ``_``, an in-place operator, ``out=``."""
+    aliases = {n: n for n in graph.nodes if n.op == "placeholder"}
+    written = set()
     for node in graph.nodes:
         if node.op not in ("call_method", "call_function"):
             continue
         first = node.args[0] if node.args else None
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
         if first in aliases and (name in _VIEW_METHODS or node.target is operator.getitem):
-            aliases.add(node)
+            aliases[node] = aliases[first]
         in_place = (
             (name.endswith("_") and not name.startswith("_"))
             or name in _IN_PLACE_DUNDERS
             or node.target in _IN_PLACE_OPERATORS
         )
         if in_place and first in aliases:
-            return True
-        if any(a in aliases for a in pytree.tree_leaves(node.kwargs.get("out"))):
-            return True
-    return False
+            written.add(aliases[first])
+        written.update(
+            aliases[a] for a in pytree.tree_leaves(node.kwargs.get("out")) if a in aliases
+        )
+    return written
 
 
 def _settling_branch(branch, label: str, may_write: bool, state_rules):

@@ -24,7 +24,6 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..errors import UnsupportedCondError
 from . import subgraph, tracing
 from .kinds import ConditionalKind, is_conditional_op, pack, unpack
 from .subgraph import getattr_path
@@ -166,12 +165,6 @@ class _PerExample:
         return stand_in
 
     def _fresh(self, value: torch.Tensor) -> torch.Tensor:
-        if _compat.functional_mode() is not None:
-            raise UnsupportedCondError(
-                "a torch.func transform inside vmap, over a conditional traced with "
-                "functionalization whose branch reads a batched tensor, is not "
-                "supported; pass the tensor as an operand of the conditional"
-            )
         with _compat.disable_proxy_modes_tracing(), self._fake_mode or contextlib.nullcontext():
             return torch.empty(value.shape, dtype=value.dtype, device=value.device)
 

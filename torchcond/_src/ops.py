@@ -62,6 +62,7 @@ from .tracing import (
     graphs_of,
     pending_writes,
     plain,
+    refuse_writes_under_transform,
     returning_writes,
     trace_branches,
     writes_of,
@@ -387,6 +388,7 @@ _compat_dynamo.install(
         for kind in _KINDS.values()
     },
     _check_named_outputs,
+    refuse_writes_under_transform,
     state,
     numbers,
 )
