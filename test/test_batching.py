@@ -618,7 +618,7 @@ def test_strategy_select_returns_an_operand_every_branch_returns_unchanged():
 
 
 def test_map_conditional_with_a_batched_selector_equals_python_if():
-    # The rule autograd.Conditional.vmap uses, with the selector batched too.
+    # The rule autograd.DifferentiableConditional.vmap uses, with the selector batched too.
     from torchcond._src.batching import map_conditional
     from torchcond._src.ops import cond_op, kind_of
 

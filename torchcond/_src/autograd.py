@@ -73,16 +73,16 @@ def autograd_rule(kind: ConditionalKind, selector, branches, operands):
     graphs = [plain(b) for b in lifted]
     drawn = draws.saved_for_derivative(graphs, kind.labels(len(lifted)))
     if drawn is not None:
-        out = Conditional.apply(
+        out = DifferentiableConditional.apply(
             kind, selector, drawn.forward, (drawn.replay, drawn.n_draws), *inputs
         )
         out = out[: len(out) - drawn.n_draws]
     else:
-        out = Conditional.apply(kind, selector, tuple(lifted), derivative, *inputs)
+        out = DifferentiableConditional.apply(kind, selector, tuple(lifted), derivative, *inputs)
     return written_back(out, written, lambda w, new: operands[w].copy_(new))
 
 
-class UserCode(NamedTuple):
+class FromUserBranches(NamedTuple):
     """Derivatives traced anew from the user's branches, not from their graphs.
 
     The branches read ``closures`` (the values closure lifting appended to the
@@ -109,20 +109,20 @@ def _derivative_source(branches, lifted, closed_over: tuple):
     if any(isinstance(g, torch.fx.GraphModule) and runs_custom_forward(g) for g in lifted):
         # A custom autograd.Function ran in a traced branch. Its backward is in no
         # graph, but it runs when the user's branch is differentiated.
-        return UserCode(tuple(branches), closed_over)
+        return FromUserBranches(tuple(branches), closed_over)
     return None
 
 
 def functorch_rule(kind: ConditionalKind, selector, branches, operands):
     """torch.func grad/vjp/jvp over a conditional whose selector is not readable.
 
-    ``Conditional`` is a functorch-aware autograd.Function (``setup_context`` form),
+    ``DifferentiableConditional`` is a functorch-aware autograd.Function (``setup_context`` form),
     so applying it under the transform differentiates it with the rules below.
     """
     n = len(operands)
     branches, operands, written = closures.lift_under_transform(kind, branches, tuple(operands))
     refuse_writes_under_transform(written, n, kind.labels(len(branches)))
-    return Conditional.apply(kind, selector, tuple(branches), None, *operands)
+    return DifferentiableConditional.apply(kind, selector, tuple(branches), None, *operands)
 
 
 def with_tangents(outputs) -> tuple:
@@ -155,14 +155,14 @@ def _differentiable(t: torch.Tensor) -> bool:
 # --- the derivative of a conditional is a conditional ---------------------------------
 
 
-class Conditional(torch.autograd.Function):
+class DifferentiableConditional(torch.autograd.Function):
     """``op(selector, *branches, operands)`` with derivatives that are conditionals.
 
     ``derivative`` is None (derivatives differentiate ``branches``),
     ``(graphs, n_draws)``: derivatives differentiate ``graphs``, the same functions
     as ``branches``. With ``n_draws``, ``branches`` also return their random draws
     (the last outputs) and ``graphs`` take them after the operands, so derivatives
-    replay the forward's draws (draws.py). Or a ``UserCode``: inside a make_fx
+    replay the forward's draws (draws.py). Or a ``FromUserBranches``: inside a make_fx
     session, derivatives are traced from the user's branches.
     """
 
@@ -175,8 +175,8 @@ class Conditional(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         kind, selector, branches, derivative, *operands = inputs
         ctx.kind, ctx.n_operands = kind, len(operands)
-        ctx.user_code = derivative if isinstance(derivative, UserCode) else None
-        own = derivative is None or ctx.user_code is not None
+        ctx.from_user_branches = derivative if isinstance(derivative, FromUserBranches) else None
+        own = derivative is None or ctx.from_user_branches is not None
         ctx.branches, ctx.n_draws = ([plain(b) for b in branches], 0) if own else derivative
         ctx.set_materialize_grads(False)
         n_out = len(output) - ctx.n_draws
@@ -197,7 +197,7 @@ class Conditional(torch.autograd.Function):
         grads: list = [None] * ctx.n_operands
         if need and present:
             given = [cotangents[j] for j in present]
-            out = _from_user_code(
+            out = _from_user_branches(
                 ctx, selector, primals, given, lambda b, n, c: _vjp_of(b, n, need, present, c)
             )
             if out is None:
@@ -231,7 +231,9 @@ class Conditional(torch.autograd.Function):
         if not have:
             return tuple(None for _ in ctx.differentiable)
         given = [tangents[i] for i in have]
-        out = _from_user_code(ctx, selector, primals, given, lambda b, n, c: _jvp_of(b, n, have, c))
+        out = _from_user_branches(
+            ctx, selector, primals, given, lambda b, n, c: _jvp_of(b, n, have, c)
+        )
         if out is None:
             graphs, built_in = jvp_graphs(ctx.branches, primals, have, given)
             out = ctx.kind.op(
@@ -378,15 +380,17 @@ def _leaves(primals, which: Sequence[int], closed_over: Sequence[torch.Tensor]):
     return primals, [primals[i] if i < n else closed_over[i - n] for i in which]
 
 
-def _from_user_code(ctx, selector, primals, given, derivative_of):
-    """The derivative conditional traced from the user's branches (``ctx.user_code``),
-    or None where derivatives come from graphs: no ``UserCode``, or no make_fx session
-    to trace in. ``derivative_of(branch, n, closures)`` is ``_vjp_of`` or ``_jvp_of``."""
+def _from_user_branches(ctx, selector, primals, given, derivative_of):
+    """The derivative conditional traced from the user's branches
+    (``ctx.from_user_branches``), or None where derivatives come from graphs: no
+    ``FromUserBranches``, or no make_fx session to trace in.
+    ``derivative_of(branch, n, closures)`` is ``_vjp_of`` or ``_jvp_of``."""
     tracer = _compat.active_fx_tracer()
-    if ctx.user_code is None or tracer is None:
+    if ctx.from_user_branches is None or tracer is None:
         return None
-    n = len(primals) - len(ctx.user_code.closures)
-    fns = [derivative_of(b, n, ctx.user_code.closures) for b in ctx.user_code.branches]
+    user = ctx.from_user_branches
+    n = len(primals) - len(user.closures)
+    fns = [derivative_of(b, n, user.closures) for b in user.branches]
     return _retraced(ctx.kind, tracer, selector, fns, (*primals[:n], *given))
 
 
@@ -404,8 +408,10 @@ def _retraced(kind: ConditionalKind, tracer, selector, fns, args):
         draws.refuse_redraws(gm)
     operands = traced.operands
     if torch.is_grad_enabled() and any(_requires_grad(t) for t in operands):
-        derivative = UserCode(tuple(fns), operands[len(args) :])
-        return Conditional.apply(kind, selector, tuple(traced.branches), derivative, *operands)
+        derivative = FromUserBranches(tuple(fns), operands[len(args) :])
+        return DifferentiableConditional.apply(
+            kind, selector, tuple(traced.branches), derivative, *operands
+        )
     return kind.op(selector, *traced.branches, operands)
 
 
@@ -440,7 +446,7 @@ _DETACH = torch.ops.aten.detach.default
 _COPY = torch.ops.aten.copy.default
 
 
-class _Differentiated(torch.fx.Interpreter):
+class _DifferentiableReplay(torch.fx.Interpreter):
     """Runs a graph to differentiate it: nodes traced with grad off run with grad off,
     and the branch's own detaches are marked as stop-gradients in the new trace."""
 
@@ -498,7 +504,7 @@ def _refuse_own_backward(node, args_kwargs, graph) -> None:
 
 def _run_differentiably(branch, args):
     if isinstance(branch, torch.fx.GraphModule):
-        return tuple(_Differentiated(branch).run(*args))
+        return tuple(_DifferentiableReplay(branch).run(*args))
     with _MarkingStopGradients():
         return tuple(branch(*args))
 

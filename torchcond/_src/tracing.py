@@ -657,7 +657,7 @@ _IN_CONDITIONAL_FORWARD: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def conditional_forward():
-    """Around ``autograd.Conditional.forward``: its grad-off is not a custom backward's."""
+    """Around ``autograd.DifferentiableConditional.forward``: its grad-off is not a custom backward's."""
     token = _IN_CONDITIONAL_FORWARD.set(True)
     try:
         yield
