@@ -44,10 +44,10 @@ from .tracing import (
     materialize_graph,
     pending_writes,
     plain,
+    pretraced_branches,
     refuse_writes_under_transform,
     renamed_copy,
     runs_custom_forward,
-    session_graphs,
     written_back,
 )
 
@@ -426,7 +426,7 @@ def _recordable(kind: ConditionalKind, graphs, built_in) -> list:
     """Derivative graphs to hand to the operator.
 
     Built as subgraphs of the make_fx session now tracing (``built_in``), they go as
-    ``SessionGraph``s, recorded without another trace (a renamed copy each, so every
+    ``PretracedBranch``s, recorded without another trace (a renamed copy each, so every
     node has its own module); otherwise as they are, for the proxy rule to trace.
     """
     tracer = _compat.active_fx_tracer()
@@ -434,7 +434,9 @@ def _recordable(kind: ConditionalKind, graphs, built_in) -> list:
         return list(graphs)
     copies = [renamed_copy(gm) for gm in graphs]
     n_operands = len(copies[0].graph.find_nodes(op="placeholder"))
-    return session_graphs(copies, kind.labels(len(copies)), n_operands, tracer, functional=False)
+    return pretraced_branches(
+        copies, kind.labels(len(copies)), n_operands, tracer, functional=False
+    )
 
 
 # A branch's own ``detach`` is a stop-gradient and stays. Autograd adds ``detach``

@@ -27,7 +27,7 @@ from .._compat import pytree
 from . import subgraph, tracing
 from .kinds import ConditionalKind, is_conditional_op, pack, unpack
 from .subgraph import getattr_path
-from .tracing import SessionGraph, Traced, functionalized_writing_back, plain, trace_branches
+from .tracing import PretracedBranch, Traced, functionalized_writing_back, plain, trace_branches
 
 
 def lift(kind: ConditionalKind, branches, operands: tuple):
@@ -36,7 +36,7 @@ def lift(kind: ConditionalKind, branches, operands: tuple):
     Returns the branches to hand to the operator and its operands. A branch that
     closes over a parameter needs the parameter's gradient, but the Autograd key sees
     only the operands. Inside a make_fx session the branches are traced now, with
-    closures lifted, and handed on as ``SessionGraph``s, which the rules below record
+    closures lifted, and handed on as ``PretracedBranch``s, which the rules below record
     without tracing again. Closure-free graphs of aten ops are handed on as they are.
     Without a tracer (fake or meta tensors alone) closures are found by running the
     branches once and bound as extra inputs (below).
@@ -308,7 +308,7 @@ def closure_free(branch) -> bool:
     or such a function mapped by vmap."""
     if isinstance(branch, Mapped):
         return closure_free(branch.branch)
-    if isinstance(branch, SessionGraph):
+    if isinstance(branch, PretracedBranch):
         return True
     if not isinstance(branch, torch.fx.GraphModule):
         return False

@@ -59,9 +59,9 @@ from .subgraph import output_values
 from .to_onnx import translations as onnx_translations
 from .tracing import (
     functionalized_writing_back,
-    graphs_of,
     pending_writes,
     plain,
+    pretraced,
     refuse_writes_under_transform,
     returning_writes,
     trace_branches,
@@ -179,12 +179,12 @@ def _proxy(kind: ConditionalKind, mode: ProxyTorchDispatchMode, selector, branch
     # The make_fx tracer (a PythonKeyTracer: it has .root and .unwrap_proxy).
     tracer: Any = mode.tracer
     n_given = len(operands)
-    graphs = graphs_of(branches, tracer)
-    if graphs is None:  # not traced in this session yet
+    found = pretraced(branches, tracer)
+    if found is None:  # not traced in this session yet
         traced = trace_branches(tracer, branches, tuple(operands), kind.labels(len(branches)))
         graphs, operands, written = traced.graphs, traced.operands, traced.written
     else:
-        written, _ = pending_writes(branches)
+        graphs, written = found
     refuse_untraced(kind.name, labelled_inputs(selector, operands, n_given), tracer)
     if _compat.fake_mode_of(operands) is None:
         # Real tensors: the node's value below comes from the taken branch alone, so
@@ -228,7 +228,7 @@ def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands
     tracer = _compat.active_fx_tracer()
     mode = getattr(ctx, "mode", None)
     written: tuple = ()
-    if graphs_of(branches, tracer, functional=True) is not None:
+    if pretraced(branches, tracer, functional=True) is not None:
         written, branches = pending_writes(branches)
     elif mode is not None and tracer is not None:
         # A given graph runs node by node, so the trace keeps its stack traces.

@@ -22,17 +22,18 @@ from . import subgraph
 from .state import every_branch_runs
 
 
-class SessionGraph:
-    """A branch traced, closure-free, as a subgraph of one make_fx session.
+class PretracedBranch:
+    """A branch already traced, closure-free, as a subgraph of one make_fx session.
 
-    ``trace_branches`` returns its graphs as these. Handed to the operator in the same
-    session, the proxy rule records ``graph`` as it is instead of tracing it again
-    (and the Functionalize rule passes it on when it was traced functionalized);
-    anywhere else it is the function its graph computes.
+    It exists so that each branch is traced once per session: the Autograd and
+    Functionalize rules trace the branches, and the rules below them record these
+    graphs (``pretraced``) instead of tracing the branches again. Anywhere else it is
+    the function its graph computes.
 
-    ``written``: the positions of the operands the branch writes to. The graph writes
-    to none of them: it returns their new values after its own outputs, and the rule
-    that records the conditional writes them back (``pending_writes``).
+    ``functional``: traced under functionalization. ``written``: the positions of the
+    operands the branch writes to. The graph writes to none of them: it returns their
+    new values after its own outputs, and the rule that records the conditional
+    writes them back (``pending_writes``).
     """
 
     __slots__ = ("__name__", "functional", "graph", "tracer", "written")
@@ -42,20 +43,20 @@ class SessionGraph:
         self.tracer = tracer
         self.functional = functional
         self.written = written
-        self.__name__ = "session_graph"
+        self.__name__ = "pretraced_branch"
 
     def __call__(self, *args):
         return self.graph(*args)
 
 
-def graphs_of(branches, tracer, functional: bool | None = None):
-    """The graphs of ``branches`` when every one is a ``SessionGraph`` of ``tracer``
-    (and, if given, traced with functionalization ``functional``); else None."""
-    if not all(isinstance(b, SessionGraph) and b.tracer is tracer for b in branches):
+def pretraced(branches, tracer, functional: bool | None = None):
+    """``(graphs, written)`` when every branch is a ``PretracedBranch`` of ``tracer``
+    (traced with functionalization ``functional``, if given); else None."""
+    if not all(isinstance(b, PretracedBranch) and b.tracer is tracer for b in branches):
         return None
     if functional is not None and any(b.functional is not functional for b in branches):
         return None
-    return [b.graph for b in branches]
+    return [b.graph for b in branches], branches[0].written
 
 
 def pending_writes(branches) -> tuple[tuple[int, ...], list]:
@@ -65,7 +66,7 @@ def pending_writes(branches) -> tuple[tuple[int, ...], list]:
     written = getattr(branches[0], "written", ())
     if not written:
         return (), list(branches)
-    return written, [SessionGraph(b.graph, b.tracer, b.functional) for b in branches]
+    return written, [PretracedBranch(b.graph, b.tracer, b.functional) for b in branches]
 
 
 def _refuse_writes_under_derivative(written: Sequence[int], n_operands: int, labels) -> None:
@@ -115,8 +116,8 @@ def written_back(out, written: Sequence[int], write) -> tuple:
 
 
 def plain(branch):
-    """A branch as the function it is: a ``SessionGraph``'s graph, anything else as is."""
-    return branch.graph if isinstance(branch, SessionGraph) else branch
+    """A branch as the function it is: a ``PretracedBranch``'s graph, anything else as is."""
+    return branch.graph if isinstance(branch, PretracedBranch) else branch
 
 
 # A graph's queries of its tensors' sizes, as make_fx records them where sizes are
@@ -164,7 +165,7 @@ class Traced(NamedTuple):
     operands: tuple
     # The branches to hand to the operator in this session: one GraphModule per
     # branch, every one taking ``operands``, as SessionGraphs.
-    branches: list[SessionGraph]
+    branches: list[PretracedBranch]
 
     @property
     def graphs(self) -> list[torch.fx.GraphModule]:
@@ -270,7 +271,7 @@ def trace_branches(
 ) -> Traced:
     """Trace every branch into a GraphModule taking the same flat inputs.
 
-    The graphs are checked and rewritten by ``session_graphs``. ``functional``: the
+    The graphs are checked and rewritten by ``pretraced_branches``. ``functional``: the
     branches are traced under functionalization (recorded on the SessionGraphs).
     ``lift_also(value)``: a tensor the enclosing trace does not know that is a
     closure all the same (a stand-in for a batched tensor, closures.py).
@@ -292,7 +293,7 @@ def trace_branches(
     _refuse_writes_under_derivative(written, len(operands), labels)
     return Traced(
         every_operand,
-        session_graphs(graphs, labels, len(operands), parent_tracer, functional, written),
+        pretraced_branches(graphs, labels, len(operands), parent_tracer, functional, written),
     )
 
 
@@ -403,14 +404,14 @@ def _check_writable(operands: tuple, n_operands: int, written, labels, writes) -
         raise_about_write(f"{label} writes in place to {{path}}, {why}", w, n_operands, closure)
 
 
-def session_graphs(
+def pretraced_branches(
     graphs: Sequence[torch.fx.GraphModule],
     labels: Sequence[str],
     n_operands: int,
     tracer,
     functional: bool,
     written: tuple = (),
-) -> list[SessionGraph]:
+) -> list[PretracedBranch]:
     """Graphs just traced in ``tracer``'s session, checked and made fit to record as
     one conditional: none writes to its inputs, none returns an alias of an input,
     and where they disagree on an output's strides, each returns it contiguous.
@@ -423,7 +424,7 @@ def session_graphs(
         subgraph.copy_aliased_outputs(gm)
     subgraph.align_output_layouts(graphs)
     return [
-        SessionGraph(gm, tracer, functional or not subgraph.writes_in_place(gm), written)
+        PretracedBranch(gm, tracer, functional or not subgraph.writes_in_place(gm), written)
         for gm in graphs
     ]
 
