@@ -219,33 +219,21 @@ def _functional_copy(ctx, target: torch.Tensor, value: torch.Tensor) -> None:
 
 def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands):
     """Branches run functionalized; what they write to becomes extra outputs, written
-    back here to the functional tensors, so the program records input mutations.
-
-    Branches the Autograd rule already traced functionalized in this session are
-    passed on as they are, to be recorded without another trace.
-    """
+    back here to the functional tensors, so the program records input mutations."""
     labels = kind.labels(len(branches))
     tracer = _compat.active_fx_tracer()
     mode = getattr(ctx, "mode", None)
-    written: tuple = ()
     if pretraced(branches, tracer, functional=True) is not None:
+        # The Autograd rule traced them functionalized in this session: recorded as is.
         written, branches = pending_writes(branches)
     elif mode is not None and tracer is not None:
-        # A given graph runs node by node, so the trace keeps its stack traces.
-        fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
-        traced = trace_in_session(tracer, fns, tuple(operands), labels, mode)
-        operands = traced.operands
-        written, branches = pending_writes(traced.branches)
+        operands, written, branches = _traced_functionalized(
+            tracer, mode, branches, operands, labels
+        )
     elif mode is not None and not host_readable(selector):
-        # No trace (AOTAutograd's metadata pass): the writes are found by running the
-        # branches, so that the pass sees the same input mutations as the trace.
-        inner = ctx.unwrap_tensors(operands)
-        plain_branches = [_compat.run_with_interpreter(plain(b)) for b in branches]
-        written = writes_of(plain_branches, mode, labels, inner)
-        branches = [
-            returning_writes(b, mode, label, written) for b, label in zip(plain_branches, labels)
-        ]
+        written, branches = _writes_found_by_running(ctx, mode, branches, operands, labels)
     else:
+        written = ()
         branches = [
             _functionalized_by_ctx(ctx, _compat.run_with_interpreter(plain(b)), label)
             for b, label in zip(branches, labels)
@@ -258,6 +246,26 @@ def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands
         out = kind.op(*pack(inner_selector, branches, inner_operands))
     out = written_back(out, written, lambda w, new: _functional_copy(ctx, operands[w], new))
     return ctx.wrap_tensors(out)
+
+
+def _traced_functionalized(tracer, mode, branches, operands, labels):
+    """Branches traced functionalized in the current session: the operands with the
+    closures lifted, the positions written, and the graphs handed on. A given graph
+    runs node by node, so the trace keeps its stack traces."""
+    fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
+    traced = trace_in_session(tracer, fns, tuple(operands), labels, mode)
+    written, branches = pending_writes(traced.branches)
+    return traced.operands, written, branches
+
+
+def _writes_found_by_running(ctx, mode, branches, operands, labels):
+    """Without a trace (AOTAutograd's metadata pass): the writes are found by running
+    the branches functionalized, so that the pass sees the same input mutations as the
+    trace. The positions written, and branches that return the new values."""
+    inner = ctx.unwrap_tensors(operands)
+    fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
+    written = writes_of(fns, mode, labels, inner)
+    return written, [returning_writes(b, mode, label, written) for b, label in zip(fns, labels)]
 
 
 def _functionalized_by_ctx(ctx, fn, label: str):
