@@ -10,11 +10,13 @@ must in CI, where requirements-dev.txt is installed.
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
 import os
 import pathlib
 import re
 import sys
+import warnings
 
 import pytest
 
@@ -87,20 +89,62 @@ def torch_global_state() -> dict[str, object]:
         "dispatch modes": c._len_torch_dispatch_stack(),
         "torch function modes": c._len_torch_function_stack(),
         "torch function enabled": c._is_torch_function_enabled(),
-        "dispatch keys included": str(c._dispatch_tls_local_include_set()),
-        "dispatch keys excluded": str(c._dispatch_tls_local_exclude_set()),
     }
+
+
+def dispatch_keys() -> tuple[frozenset, frozenset]:
+    """The thread's locally included and excluded dispatch keys."""
+    import torch
+
+    c, included, excluded = torch._C, set(), set()
+    for key in c.DispatchKey.__members__.values():
+        try:
+            if c._dispatch_tls_is_dispatch_key_included(key):
+                included.add(key)
+            if c._dispatch_tls_is_dispatch_key_excluded(key):
+                excluded.add(key)
+        except RuntimeError:  # an alias key, which the thread state does not hold
+            continue
+    return frozenset(included), frozenset(excluded)
+
+
+def restore_dispatch_keys(saved: tuple[frozenset, frozenset]) -> None:
+    import torch
+
+    now = dispatch_keys()
+    for key in now[0] ^ saved[0]:
+        torch._C._dispatch_tls_set_dispatch_key_included(key, key in saved[0])
+    for key in now[1] ^ saved[1]:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, key in saved[1])
+
+
+def dynamo_frames() -> int:
+    """How many frames dynamo has begun to compile in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["total"]
 
 
 @pytest.fixture(autouse=True)
 def torch_state_unchanged():
     """Fails the test that leaves torch's thread state changed, instead of every later
-    test in its process."""
+    test in its process.
+
+    A test that ran dynamo is followed by a garbage collection. On torch 2.14 dynamo
+    formats fake-tensor errors with ``Tensor.__repr__``, whose frame holds a
+    ``_DisableFuncTorch`` guard; kept by the error's traceback, the guard puts back
+    stale dispatch keys whenever the collector frees it, in whatever test then runs.
+    Collected here, that happens between tests, and the keys are put back."""
     if "torch" not in sys.modules:
         yield
         return
-    before = torch_global_state()
+    before, keys, frames = torch_global_state(), dispatch_keys(), dynamo_frames()
     yield
+    if dynamo_frames() != frames:
+        gc.collect()
+    if dispatch_keys() != keys:
+        restore_dispatch_keys(keys)
+        warnings.warn("the test left torch's dispatch keys changed; put back", stacklevel=1)
     after = torch_global_state()
     changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
     if changed:
