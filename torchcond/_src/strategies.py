@@ -149,9 +149,10 @@ def run_every_branch(
         refused = [isinstance(t, torch.Tensor) and needs_grad(t) for t in operands]
     else:
         refused = [False] * len(operands)
-    guards = _gradient_guard(grad_mode, differentiable)
+    later = _differentiated_later()
+    guards = _gradient_guard(grad_mode, differentiable, later)
     # Operands whose gradient only the taken examples may feed.
-    if _differentiated_later():
+    if later:
         guarded = [i for i, t in enumerate(operands) if isinstance(t, torch.Tensor) and guards(t)]
     else:
         guarded = [i for i, r in enumerate(refused) if r]
@@ -208,14 +209,16 @@ class _Mask:
         return self.value[0]
 
 
-def _gradient_guard(grad_mode: bool, differentiable: bool) -> Callable[[torch.Tensor], bool]:
+def _gradient_guard(
+    grad_mode: bool, differentiable: bool, later: bool
+) -> Callable[[torch.Tensor], bool]:
     """Which tensors a branch reads masked, so that their gradient comes only from the
     examples that take it.
 
     Those that need a gradient now, or every floating one in a program that may be
-    differentiated later (``_differentiated_later``).
+    differentiated later (``later``, from ``_differentiated_later``).
     """
-    if _differentiated_later():
+    if later:
         return _differentiable_dtype
     if not differentiable:
         return lambda t: False

@@ -164,7 +164,7 @@ class Traced(NamedTuple):
     # deduplicated, in order of first use (branch by branch).
     operands: tuple
     # The branches to hand to the operator in this session: one GraphModule per
-    # branch, every one taking ``operands``, as SessionGraphs.
+    # branch, every one taking ``operands``, as PretracedBranches.
     branches: list[PretracedBranch]
 
     @property
@@ -272,7 +272,7 @@ def trace_branches(
     """Trace every branch into a GraphModule taking the same flat inputs.
 
     The graphs are checked and rewritten by ``pretraced_branches``. ``functional``: the
-    branches are traced under functionalization (recorded on the SessionGraphs).
+    branches are traced under functionalization (recorded on the PretracedBranches).
     ``lift_also(value)``: a tensor the enclosing trace does not know that is a
     closure all the same (a stand-in for a batched tensor, closures.py).
     """
