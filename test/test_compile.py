@@ -666,3 +666,42 @@ def test_a_branch_returning_an_object_it_makes_is_refused_by_name():
         torch.compile(f, backend="eager", fullgraph=True)(x, "auto")
     got = torch.compile(f, backend="aot_eager", fullgraph=True)(x, "select")
     torch.testing.assert_close((got.a, got.b), (x, x * 2))
+
+
+def _second_order_forward(transform, op):
+    """A second-order derivative of a conditional whose branches are linear, so that
+    the first-order derivatives are constants."""
+
+    def f(x, s):
+        if op == "cond":
+            return cond(s, lambda x: x, lambda x: 2 * x, (x,))
+        return switch(s.long(), [lambda x: 3 * x, lambda x: x, torch.sin], (x,))
+
+    ones = torch.ones(3)
+    if transform == "jvp.jvp":
+
+        def inner(x, s):
+            return torch.func.jvp(lambda x: f(x, s), (x,), (ones,))
+
+        return lambda x, s: torch.func.jvp(lambda x: inner(x, s), (x,), (ones,))
+    if transform == "jvp.grad":
+        grad = torch.func.grad(lambda x, s: f(x, s).sum())
+        return lambda x, s: torch.func.jvp(lambda x: grad(x, s), (x,), (ones,))
+    return torch.func.hessian(lambda x, s: f(x, s).sum())
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("transform", ["jvp.jvp", "jvp.grad", "hessian"])
+@pytest.mark.parametrize("op", ["cond", "switch"])
+def test_second_order_forward_mode_with_constant_derivatives(backend, transform, op):
+    # The code dynamo compiles around the operator would read a tangent of each first
+    # derivative; the taken branch has none. torch.cond raises on jvp of jvp, eagerly
+    # and compiled.
+    fn = _second_order_forward(transform, op)
+    x = torch.linspace(-1.0, 1.0, 3)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    for s in (torch.tensor(True), torch.tensor(False)):
+        torch.testing.assert_close(compiled(x, s), fn(x, s))
+    # A later forward-mode derivative works: no level was left on.
+    torch.testing.assert_close(torch.func.jacfwd(torch.sin)(x), torch.diag(x.cos()))

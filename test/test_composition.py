@@ -514,6 +514,8 @@ FOUND_BY_THE_MATRIX = [
     "compile-eager|autograd.vmap|constant|cond|select",  # NaN: dynamo's batched x needs no grad
     "compile-aot_eager|jacfwd|constant|cond|auto",  # refused under AOTAutograd, forward AD left on
     "compile-aot_eager|jacfwd|write|cond|auto",  # a refusal in AOTAutograd's trace, the same
+    "compile-eager|jvp.jvp|identity|cond|auto",  # no tangent of a constant tangent, then TypeError
+    "compile-eager|hessian|constant|switch|auto",  # the same through jacfwd of jacrev
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get

@@ -704,6 +704,17 @@ def _traced_under_a_differentiating_transform() -> bool:
 _traced_under_a_differentiating_transform._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
+def differentiated_inside_jvp() -> bool:
+    """Whether a torch.func grad or jvp level is active inside a jvp level (jvp of jvp,
+    jvp of grad, hessian). Dynamo calls it while it traces (marked below). 2.11-2.15."""
+    stack = _peek_interpreter_stack() and _interpreter_stack()
+    keys = [level.key() for level in stack or () if level.key() in DIFFERENTIATING_TRANSFORMS]
+    return JVP_TRANSFORM in keys[:-1]
+
+
+differentiated_inside_jvp._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def torch_func_level_active() -> bool:
     """True while a torch.func transform's level is active (forward AD alone does not count).
 

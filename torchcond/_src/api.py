@@ -236,6 +236,7 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
     ``torch`` reached through a second module, is a Python lambda).
     """
     try:
+        strategy = _inline_inside_jvp(strategy)
         if strategy != "auto":  # "select" (or a bad value): the shared path checks it all
             return _general_path(_COND, pred, (true_fn, false_fn), operands, strategy)
         check_callables((true_fn, false_fn), ("true_fn", "false_fn"))
@@ -254,6 +255,7 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
 def _switch_under_dynamo(index, branches, operands, strategy):
     """As ``_cond_under_dynamo``; the graph holds the clamped index, as in other modes."""
     try:
+        strategy = _inline_inside_jvp(strategy)
         if strategy != "auto":
             return _general_path(_SWITCH, index, branches, operands, strategy)
         branches = check_branch_list(branches)
@@ -264,6 +266,20 @@ def _switch_under_dynamo(index, branches, operands, strategy):
         return _operator_under_dynamo(switch_op, index, labelled, operands)
     except CondError as error:
         _raise_compiled(type(error), error.args[0])
+
+
+def _inline_inside_jvp(strategy):
+    """``"select"`` in place of ``"auto"`` where a grad or jvp level is active inside a
+    jvp level (jvp of jvp, jacfwd of jacrev, hessian).
+
+    There the operator's node would be wrong: the code dynamo compiles around it reads
+    each derivative as having a tangent at the outer jvp level, as the operator's
+    trace has it, but the branch run eagerly gives a constant derivative (that of
+    ``2 * x``) none. Every branch inlined, then selected, is plain code that agrees.
+    """
+    if strategy == "auto" and _compat.differentiated_inside_jvp():
+        return "select"
+    return strategy
 
 
 def _operator_under_dynamo(

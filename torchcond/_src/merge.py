@@ -41,7 +41,7 @@ def merge_branch_outputs(
 # Where every branch runs and a select picks each element, the shapes must agree too.
 _SELECTED = (
     "every branch runs and each element is selected on the device (strategy='select', "
-    "or vmap with a per-example selector), so "
+    "vmap with a per-example selector, or compiled inside jvp of a derivative), so "
 )
 
 
