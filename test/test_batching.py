@@ -775,3 +775,28 @@ def test_jacrev_of_a_branch_that_reads_a_size_made_from_data():
             want = torch.func.jacrev(f_if)(x, p)
             torch.testing.assert_close(traced(x, torch.tensor(p)), want)
             torch.testing.assert_close(compiled(x, torch.tensor(p)), want)
+
+
+@pytest.mark.parametrize("tracing_mode", ["real", "fake"])
+def test_traced_per_example_gradient_through_a_nested_switch(tracing_mode):
+    # The inner switch's selector is closed over; every branch of it reads the outer
+    # branch's operand. Each inner branch must read that operand, not a stand-in made
+    # while a sibling branch was traced (which became a constant: zero gradients).
+    def f(x, y, s):
+        inner = (y > 1.6).long()
+
+        def nested(x):
+            return switch(inner, [torch.sin, torch.cos, torch.tanh], (x,))
+
+        return switch(s, [nested, lambda x: 2 * x, torch.exp], (x,))
+
+    def python_if(x, y, s):
+        branches = [[torch.sin, torch.cos, torch.tanh][int(y > 1.6)], lambda x: 2 * x, torch.exp]
+        return branches[min(max(int(s), 0), 2)](x)
+
+    per_example = torch.vmap(torch.func.grad(f), in_dims=(0, None, 0))
+    x, y, s = torch.tensor([1.1, 1.5, 1.0]), torch.tensor(1.7), torch.tensor([0, -1, 1])
+    traced = make_fx(per_example, tracing_mode=tracing_mode)(x, y, s)
+    want = torch.stack([torch.func.grad(python_if)(*a) for a in zip(x, [y] * 3, s)])
+    torch.testing.assert_close(traced(x, y, s), want)
+    torch.testing.assert_close(per_example(x, y, s), want)

@@ -516,6 +516,8 @@ FOUND_BY_THE_MATRIX = [
     "compile-aot_eager|jacfwd|write|cond|auto",  # a refusal in AOTAutograd's trace, the same
     "compile-eager|jvp.jvp|identity|cond|auto",  # no tangent of a constant tangent, then TypeError
     "compile-eager|hessian|constant|switch|auto",  # the same through jacfwd of jacrev
+    "fx-fake|vmap.grad|nested|cond|auto",  # a stand-in made in a sibling trace, refused as a buffer
+    "fx-real|vmap.grad|nested|switch|auto",  # zero gradient: a sibling branch's stand-in
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get

@@ -445,6 +445,11 @@ class StandIns(torch.overrides.TorchFunctionMode):
             return branch
 
         def run(*args):
+            # What the branch receives are the conditional's operands, read as this
+            # mode says already: its own inputs, not tensors it closes over.
+            for arg in args:
+                if isinstance(arg, torch.Tensor):
+                    self.kept.put(arg, arg)
             with self:
                 return branch(*args)
 
