@@ -30,7 +30,7 @@ import operator
 import sys
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import torch
@@ -176,20 +176,25 @@ _EVERY_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def every_branch_runs(how: str = "trace") -> Iterator[None]:
+class every_branch_runs:  # a context manager, named as one
     """Around code that runs every branch of a conditional, taken or not: the user's
     branches run under it are watched (``run_branch``). Under dynamo, which cannot
     set a context variable, nothing: dynamo speculated the branches first (api's
-    select path) and settled what they change there (_compat/dynamo.py)."""
-    if _compat.is_dynamo_compiling():
-        yield
-        return
-    token = _EVERY_BRANCH.set(how)
-    try:
-        yield
-    finally:
-        _EVERY_BRANCH.reset(token)
+    select path) and settled what they change there (_compat/dynamo.py). A class, not
+    a generator: the select path enters it on every call, where a generator's cost
+    shows."""
+
+    __slots__ = ("how", "token")
+
+    def __init__(self, how: str = "trace"):
+        self.how = how
+
+    def __enter__(self) -> None:
+        self.token = None if _compat.is_dynamo_compiling() else _EVERY_BRANCH.set(self.how)
+
+    def __exit__(self, *exc) -> None:
+        if self.token is not None:
+            _EVERY_BRANCH.reset(self.token)
 
 
 def run_branch(fn: Callable, label: str, operands) -> object:
