@@ -23,7 +23,6 @@ before and after.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import operator
