@@ -752,7 +752,7 @@ def eager_vmap_level(selector) -> tuple[int, int] | None:
     rule (as ``eager_functorch_interpreter``); None otherwise. 2.11-2.15 (the C
     interpreter's ``key``/``level``, ``CVmapInterpreterPtr.batchSize``)."""
     top = _peek_interpreter_stack()
-    if top is None or top.key() is not VMAP or tracing_active() or len_function_stack():
+    if top is None or top.key() != VMAP or tracing_active() or len_function_stack():
         return None
     level = top.level()
     if not (isinstance(selector, torch.Tensor) and batched_at(selector, level)):
