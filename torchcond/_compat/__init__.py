@@ -900,6 +900,11 @@ def modules_untracked(mode):
         tracker._fw_post_handle = register_module_forward_hook(tracker._fw_post_hook)
 
 
+# torch keeps this one dict for the process (2.11-2.15): bound once, not looked up per
+# branch.
+_BUFFER_REGISTRATION_HOOKS = torch.nn.modules.module._global_buffer_registration_hooks
+
+
 class only_buffer_registration_hook:  # a context manager, named as one
     """While active, ``hook(module, name, value)`` is the one global buffer
     registration hook: it sees every buffer a module registers or is assigned, and
@@ -915,13 +920,13 @@ class only_buffer_registration_hook:  # a context manager, named as one
         self.hook = hook
 
     def __enter__(self) -> None:
-        hooks = torch.nn.modules.module._global_buffer_registration_hooks
+        hooks = _BUFFER_REGISTRATION_HOOKS
         self.saved = dict(hooks) if hooks else None  # None: there were none (the usual case)
         hooks.clear()
         hooks[-1] = self.hook
 
     def __exit__(self, *exc) -> None:
-        hooks = torch.nn.modules.module._global_buffer_registration_hooks
+        hooks = _BUFFER_REGISTRATION_HOOKS
         if self.saved is None and len(hooks) == 1 and -1 in hooks:
             hooks.clear()  # none before, none registered meanwhile
             return

@@ -93,9 +93,11 @@ class BranchWrites:
         self._needs_grad = list(refuse_grad)
         # Owning, every write to an operand stops before it lands (the recorder's
         # refusal), so that the branch can run again on a copy.
-        self._refuse = [
-            r or (owning and isinstance(t, _Tensor)) for r, t in zip(refuse_grad, operands)
-        ]
+        self._refuse = (
+            [r or isinstance(t, _Tensor) for r, t in zip(refuse_grad, operands)]
+            if owning
+            else self._needs_grad
+        )
         self._owning = owning
         # Operands each branch gets a copy of, owning. Under export's pre-dispatch trace
         # a write is in the graph before the recorder hears of it, so it cannot be
