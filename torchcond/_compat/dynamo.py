@@ -101,8 +101,8 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
 def install(kinds: dict, check_outputs, refuse_writes, state_rules, number_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
-    ``kinds`` maps each operator to ``(taken, labels, warn_if_exporting)``:
-    ``taken(constant_selector, n) -> branch index``, used when dynamo sees a constant
+    ``kinds`` maps each operator to ``(taken_index, labels, warn_if_exporting)``:
+    ``taken_index(constant_selector, n) -> branch index``, used when dynamo sees a constant
     selector and inlines that branch (it raises a ``CondError`` for a constant that is
     no selector), ``labels(n)``, the branches' names in messages, and
     ``warn_if_exporting(constant_selector)``, the warning that export keeps that branch only.
@@ -123,7 +123,7 @@ class _Operator(NamedTuple):
     """What dynamo's view of one of our operators needs from torchcond (see ``install``)."""
 
     name: str
-    taken: Callable
+    taken_index: Callable
     labels: Callable
     warn_if_exporting: Callable
     check_outputs: Callable
@@ -134,8 +134,8 @@ class _Operator(NamedTuple):
 
 def _register(hop, kinds: dict, *rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
-    for op, (taken, labels, warn_if_exporting) in kinds.items():
-        spec = _Operator(op.name(), taken, labels, warn_if_exporting, *rules)
+    for op, (taken_index, labels, warn_if_exporting) in kinds.items():
+        spec = _Operator(op.name(), taken_index, labels, warn_if_exporting, *rules)
         registry[op.name()] = _make_variable_class(hop, spec)
 
 
@@ -247,7 +247,7 @@ class _ConditionalVariable:
         """The branch a constant selector takes, inlined."""
         constant = call.selector.as_python_constant()
         with _as_eager_raises():  # a constant that is no selector (None, a string) is refused
-            index = self._op.taken(constant, len(call.branches))
+            index = self._op.taken_index(constant, len(call.branches))
         self._op.warn_if_exporting(constant)
         return call.branches[index].call_function(tx, list(call.operands), {})
 

@@ -337,11 +337,13 @@ def _check_and_route(kind: ConditionalKind, selector, branches, operands, strate
     selector = python_scalar(selector)
     if kind.is_constant(selector):
         kind.warn_if_exporting(selector, stacklevel=4)
-        return _run_concrete(kind, labelled, kind.taken(selector, n), operands, check_branches)
+        return _run_concrete(
+            kind, labelled, kind.taken_index(selector, n), operands, check_branches
+        )
     if isinstance(selector, torch.Tensor):
         kind.check_tensor(selector)
         if host_readable(selector):
-            taken = kind.taken(selector, n)
+            taken = kind.taken_index(selector, n)
             return _run_concrete(kind, labelled, taken, operands, check_branches)
         selector = kind.tensor_selector(selector, n)
     else:  # symbolic, or a type nobody takes: normalize says so

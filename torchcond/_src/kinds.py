@@ -22,7 +22,7 @@ class ConditionalKind:
     """What differs between the operators. ``_CondKind`` and ``_SwitchKind`` below are the two.
 
     The selector in each method is one the user passed (``normalize``), one the
-    operator holds (``taken``, ``branch_of``) or a concrete value read on the host.
+    operator holds (``taken_index``, ``branch_indices``) or a concrete value read on the host.
     """
 
     name: str  # the user's function, in messages
@@ -49,11 +49,11 @@ class ConditionalKind:
         """``value`` is a Python constant that picks a branch by itself."""
         raise NotImplementedError
 
-    def taken(self, selector, n: int) -> int:
+    def taken_index(self, selector, n: int) -> int:
         """The branch a concrete selector (a Python number or a real tensor) takes."""
         raise NotImplementedError
 
-    def branch_of(self, selector: torch.Tensor, n: int) -> torch.Tensor:
+    def branch_indices(self, selector: torch.Tensor, n: int) -> torch.Tensor:
         """The int64 index of the branch each element of ``selector`` takes, on its device."""
         raise NotImplementedError
 
@@ -69,10 +69,10 @@ class ConditionalKind:
         """A symbolic or tensor selector as the operator takes it, checked."""
         raise NotImplementedError
 
-    def constant_taken(self, value, n: int) -> int:
+    def constant_taken_index(self, value, n: int) -> int:
         """The branch a Python constant selector takes; ``CondArgumentError`` for a
         constant that is no selector (None, a string, a complex number)."""
-        return self.taken(value if self.is_constant(value) else self.normalize(value, n), n)
+        return self.taken_index(value if self.is_constant(value) else self.normalize(value, n), n)
 
     def warn_if_exporting(self, value, stacklevel: int = 2) -> None:
         """While exporting, warn that the Python constant selector ``value`` exports
@@ -92,8 +92,8 @@ class ConditionalKind:
         value that is no selector, such as None, raises as ``cond`` does)."""
         n = len(branches)
         if isinstance(selector, torch.Tensor):
-            return branches[self.taken(selector, n)]
-        return branches[self.constant_taken(selector, n)]
+            return branches[self.taken_index(selector, n)]
+        return branches[self.constant_taken_index(selector, n)]
 
     def call_below_autograd(self, selector, branches, operands):
         """The operator again, past the Autograd key (its autograd rule already ran)."""
@@ -122,10 +122,10 @@ class _CondKind(ConditionalKind):
     def is_constant(self, value):
         return isinstance(value, (bool, int, float))
 
-    def taken(self, pred, n):
+    def taken_index(self, pred, n):
         return 0 if pred else 1
 
-    def branch_of(self, pred, n):
+    def branch_indices(self, pred, n):
         """True takes branch 0 (``true_fn``), false branch 1."""
         return (pred == 0).to(torch.int64)
 
@@ -162,17 +162,17 @@ class _SwitchKind(ConditionalKind):
     def is_constant(self, value):
         return isinstance(value, int) and not isinstance(value, bool)
 
-    def taken(self, index, n):
+    def taken_index(self, index, n):
         return clamp_index(host_index(index), n)
 
-    def branch_of(self, index, n):
-        return switch_branch_of(index, n)
+    def branch_indices(self, index, n):
+        return clamped_switch_indices(index, n)
 
     def check_tensor(self, index):
         check_index_tensor(index)
 
     def tensor_selector(self, index, n):
-        return switch_branch_of(index.reshape(()), n)
+        return clamped_switch_indices(index.reshape(()), n)
 
     def normalize(self, index, n):
         return normalize_index(index, n)
@@ -231,7 +231,7 @@ def normalize_index(index, n: int):
             f"integer tensor; found {type(index).__name__} ({index!r})"
         )
     check_index_tensor(index)
-    return switch_branch_of(index.reshape(()), n)
+    return clamped_switch_indices(index.reshape(()), n)
 
 
 def check_callables(fns, names) -> None:
@@ -297,12 +297,12 @@ def check_index_tensor(index: torch.Tensor) -> None:
 # the first branch, a large one the last (as jax.lax.switch). clamp_index is the rule,
 # on a Python int. Where the index is something else, the rule is written again, and
 # each copy names this place:
-#   normalize_index       a SymInt: sym_min/sym_max keep the graph symbolic;
-#   switch_branch_of      a tensor, in every mode (a uint64 past int64 wraps first);
-#   csrc/eager.cpp        taken_case, the eager fast path: in C, no Python call;
-#   csrc/select_plan.h    clamp_branch: per element in select_n's kernels (CPU, CUDA);
-#   _compat/inductor.py   _clamped: Inductor's IR, a tensor or a sympy expression;
-#   _src/to_onnx.py       no clamp: it falls out of the chain of `index < k` tests.
+#   normalize_index         a SymInt: sym_min/sym_max keep the graph symbolic;
+#   clamped_switch_indices  a tensor, in every mode (a uint64 past int64 wraps first);
+#   csrc/eager.cpp          taken_case, the eager fast path: in C, no Python call;
+#   csrc/select_plan.h      clamp_branch: per element in select_n's kernels (CPU, CUDA);
+#   _compat/inductor.py     _clamped: Inductor's IR, a tensor or a sympy expression;
+#   _src/to_onnx.py         no clamp: it falls out of the chain of `index < k` tests.
 
 
 def clamp_index(index: int, n: int) -> int:
@@ -319,7 +319,7 @@ def host_index(index) -> int:
 _INT64_MAX = torch.iinfo(torch.int64).max
 
 
-def switch_branch_of(index: torch.Tensor, n: int) -> torch.Tensor:
+def clamped_switch_indices(index: torch.Tensor, n: int) -> torch.Tensor:
     """The index clamped to ``[0, n - 1]`` as int64, in every mode (``clamp_index``
     on a tensor).
 

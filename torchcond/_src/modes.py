@@ -103,7 +103,7 @@ def flop_rule(kind: ConditionalKind, mode, selector, branches, operands):
     """
     labels = [f"torchcond.{kind.name}'s {label}" for label in kind.labels(len(branches))]
     if host_readable(selector, UNDER_MODE, kind.op):
-        taken = kind.taken(selector, len(branches))
+        taken = kind.taken_index(selector, len(branches))
         ran: list = []
 
         def run_taken(*args):

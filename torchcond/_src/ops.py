@@ -392,7 +392,7 @@ for _kind in _KINDS.values():
 
 _compat_dynamo.install(
     {
-        kind.op: (kind.constant_taken, kind.labels, kind.warn_if_exporting)
+        kind.op: (kind.constant_taken_index, kind.labels, kind.warn_if_exporting)
         for kind in _KINDS.values()
     },
     _check_named_outputs,

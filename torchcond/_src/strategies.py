@@ -140,7 +140,7 @@ def run_every_branch(
     if n == 2 and selector.dtype is torch.bool:  # cond: the predicate is the mask
         which, first = None, selector
     else:
-        which = kind.branch_of(selector, n)
+        which = kind.branch_indices(selector, n)
         first = which == 0
     grad_mode = torch.is_grad_enabled()
     differentiable = grad_mode or _compat.differentiating_transforms_active()
@@ -318,7 +318,7 @@ def run_as_conditional_nodes(
     nodes do. Gradients are not recorded through the copies: callers use this only
     when no operand needs one.
     """
-    which = kind.branch_of(selector, len(branches))
+    which = kind.branch_indices(selector, len(branches))
     results: tuple = ()
     for k, branch in enumerate(branches):
         with if_body(which == k):
