@@ -705,3 +705,25 @@ def test_second_order_forward_mode_with_constant_derivatives(backend, transform,
         torch.testing.assert_close(compiled(x, s), fn(x, s))
     # A later forward-mode derivative works: no level was left on.
     torch.testing.assert_close(torch.func.jacfwd(torch.sin)(x), torch.diag(x.cos()))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_training_reads_what_a_branch_wrote(backend):
+    # The gradient reads the buffer after the branch's write. Derivatives recompute the
+    # branch from the value before it, which Inductor must keep past the write-back.
+    def add_one(x, buffer):
+        buffer.add_(1.0)
+        return x * buffer
+
+    def f(x, buffer, p):
+        return cond(p, add_one, lambda x, buffer: x.cos(), (x, buffer))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    for p in (torch.tensor(True), torch.tensor(False)):
+        grads = []
+        for fn in (compiled, f):
+            x, buffer = torch.tensor([0.8, -0.3], requires_grad=True), torch.tensor([1.7, 2.0])
+            out = fn(x, buffer, p)
+            grads.append((out, torch.autograd.grad(out.sum(), x)[0], buffer))
+        torch.testing.assert_close(grads[0], grads[1])

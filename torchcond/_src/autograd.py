@@ -69,7 +69,7 @@ def autograd_rule(kind: ConditionalKind, selector, branches, operands):
     # goes in as a copy, which the write-back leaves alone.
     written, lifted = pending_writes(lifted)
     derivative = None if written else _derivative_source(branches, lifted, operands[n:])
-    inputs = tuple(t.clone() if i in written else t for i, t in enumerate(operands))
+    inputs = tuple(_old_value(t) if i in written else t for i, t in enumerate(operands))
     graphs = [plain(b) for b in lifted]
     drawn = draws.saved_for_derivative(graphs, kind.labels(len(lifted)))
     if drawn is not None:
@@ -80,6 +80,28 @@ def autograd_rule(kind: ConditionalKind, selector, branches, operands):
     else:
         out = DifferentiableConditional.apply(kind, selector, tuple(lifted), derivative, *inputs)
     return written_back(out, written, lambda w, new: operands[w].copy_(new))
+
+
+@torch.library.custom_op("torchcond::old_value", mutates_args=())
+def _old_value_op(t: torch.Tensor) -> torch.Tensor:
+    return t.clone()
+
+
+_old_value_op.register_fake(torch.empty_like)
+_old_value_op.register_autograd(lambda ctx, grad: grad)
+_old_value_op.register_vmap(lambda info, in_dims, t: (_old_value_op(t), in_dims[0]))
+
+
+def _old_value(t: torch.Tensor) -> torch.Tensor:
+    """A copy of operand ``t`` as it was before a branch wrote to it, which the
+    derivatives read.
+
+    Under AOTAutograd (functionalized) it is an op of its own. Inductor removes a
+    ``clone`` whose metadata matches its source, and its partitioner may recompute one
+    in the backward; either way the backward would read the operand after the
+    write-back (torch 2.11-2.15). An opaque op is saved for the backward instead.
+    """
+    return _old_value_op(t) if _compat.functional_mode() is not None else t.clone()
 
 
 class FromUserBranches(NamedTuple):
