@@ -727,3 +727,23 @@ def test_training_reads_what_a_branch_wrote(backend):
             out = fn(x, buffer, p)
             grads.append((out, torch.autograd.grad(out.sum(), x)[0], buffer))
         torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("op", ["cond", "switch"])
+def test_training_passes_a_gradient_through_beside_another(op):
+    # Both output gradients are one tensor (the sum of both outputs). Inductor must not
+    # compute the first in place in that tensor, which the second passes through.
+    def f(x, y, s):
+        if op == "cond":
+            return cond(s > 0, lambda x, y: (x.sin(), y), lambda x, y: (x.cos(), y), (x, y))
+        return switch(s, [lambda x, y: (x.sin(), y), lambda x, y: (2 * x, y)], (x, y))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="inductor", fullgraph=True)
+    for s in (torch.tensor(0), torch.tensor(1)):
+        grads = []
+        for fn in (compiled, f):
+            x, y = torch.tensor(0.8, requires_grad=True), torch.tensor(1.7, requires_grad=True)
+            a, b = fn(x, y, s)
+            grads.append(torch.autograd.grad(a.sum() + b.sum(), (x, y)))
+        torch.testing.assert_close(grads[0], grads[1])

@@ -518,6 +518,8 @@ FOUND_BY_THE_MATRIX = [
     "compile-eager|hessian|constant|switch|auto",  # the same through jacfwd of jacrev
     "fx-fake|vmap.grad|nested|cond|auto",  # a stand-in made in a sibling trace, refused as a buffer
     "fx-real|vmap.grad|nested|switch|auto",  # zero gradient: a sibling branch's stand-in
+    "compile-inductor|autograd|write|cond|auto",  # the written value read by the backward
+    "compile-inductor|autograd|passthrough|switch|auto",  # a donated gradient reused in place
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get

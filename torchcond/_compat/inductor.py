@@ -29,6 +29,7 @@ stand-in node whose last argument lists the extra input.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 
@@ -159,12 +160,13 @@ def _writing_in_place(in_place, subgraphs):
 def _conditional(pred, true_subgraph, false_subgraph, operands):
     from torch._inductor import ir
 
-    if _n_way():  # a bool selector reads as 0 (false) or 1 (true)
-        outputs = ir.Switch.create(
-            pred, [false_subgraph, true_subgraph], list(operands), is_cond=True
-        )
-    else:
-        outputs = ir.Conditional.create(pred, true_subgraph, false_subgraph, list(operands))
+    with _no_donated_branch_inputs():
+        if _n_way():  # a bool selector reads as 0 (false) or 1 (true)
+            outputs = ir.Switch.create(
+                pred, [false_subgraph, true_subgraph], list(operands), is_cond=True
+            )
+        else:
+            outputs = ir.Conditional.create(pred, true_subgraph, false_subgraph, list(operands))
     _depend_on_predicate_symbols(pred, outputs)
     return list(map(ir.TensorBox.create, outputs))
 
@@ -175,9 +177,35 @@ def _n_way_switch(lowering, index, branches, operands):
     # ir.Switch takes the last branch for any index it does not list, negative ones
     # included: clamping first keeps a negative index on the first branch.
     index = _clamped(lowering, index, len(branches))
-    outputs = ir.Switch.create(index, list(branches), list(operands))
+    with _no_donated_branch_inputs():
+        outputs = ir.Switch.create(index, list(branches), list(operands))
     _depend_on_predicate_symbols(index, outputs)
     return list(map(ir.TensorBox.create, outputs))
+
+
+@contextlib.contextmanager
+def _no_donated_branch_inputs():
+    """While the branch graphs are lowered, no input of theirs is a donated buffer.
+
+    Inductor lowers each branch graph with the backward graph's donated-buffer
+    positions (``fw_metadata.bw_donated_idxs``, read when a graph is made), so a
+    branch input at such a position, a gradient say, was reused in place. Another
+    input that is the same tensor then read the result (2.11 and 2.13; the field is
+    the same on 2.14 and 2.15). The backward graph itself read them before.
+    """
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None or not getattr(meta, "bw_donated_idxs", None):
+        yield
+        return
+    saved = meta.bw_donated_idxs
+    meta.bw_donated_idxs = []
+    try:
+        yield
+    finally:
+        meta.bw_donated_idxs = saved
 
 
 _HOST = torch.device("cpu")
