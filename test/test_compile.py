@@ -747,3 +747,21 @@ def test_training_passes_a_gradient_through_beside_another(op):
             a, b = fn(x, y, s)
             grads.append(torch.autograd.grad(a.sum() + b.sum(), (x, y)))
         torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("op", ["cond", "switch"])
+def test_inductor_compiles_torch_func_grad_of_an_identity_branch(op):
+    # The copy of an output that is an input is recorded in the branch graph with a
+    # plain value, not one wrapped by the grad level the trace ran under.
+    def f(x, s):
+        if op == "cond":
+            out = cond(s > 0, lambda x: x, lambda x: 2 * x, (x,))
+        else:
+            out = switch(s, [lambda x: x, lambda x: 2 * x, torch.sin], (x,))
+        return out.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.func.grad(f), backend="inductor", fullgraph=True)
+    x = torch.tensor([0.5, -1.0])
+    for s in (torch.tensor(0), torch.tensor(1), torch.tensor(2)):
+        torch.testing.assert_close(compiled(x, s), torch.func.grad(f)(x, s))

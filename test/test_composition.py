@@ -520,6 +520,7 @@ FOUND_BY_THE_MATRIX = [
     "fx-real|vmap.grad|nested|switch|auto",  # zero gradient: a sibling branch's stand-in
     "compile-inductor|autograd|write|cond|auto",  # the written value read by the backward
     "compile-inductor|autograd|passthrough|switch|auto",  # a donated gradient reused in place
+    "compile-inductor|grad|identity|cond|auto",  # a graph value wrapped by the grad level
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get

@@ -84,6 +84,10 @@ __all__ = [
     "track_tensor_tree",
 ]
 
+# A context in which no torch.func transform sees an op: what is computed there is
+# never wrapped by a transform's level (2.11-2.15).
+functorch_disabled = torch._C._DisableFuncTorch
+
 # How many dispatch / torch-function modes are active: C functions, so the eager fast
 # path can test "maybe tracing" without a Python frame (2.11-2.15).
 len_dispatch_stack = torch._C._len_torch_dispatch_stack
