@@ -970,3 +970,11 @@ def test_compiled_forward_mode_through_a_branch_that_returns_a_constant(transfor
         torch.testing.assert_close(compiled(x, torch.tensor(p)), python_if(x, p))
     # Forward-mode AD still works afterwards.
     torch.testing.assert_close(torch.func.jacfwd(torch.sin)(torch.zeros(2)), torch.eye(2))
+
+
+@pytest.mark.parametrize("shape", [(), (3, 4)])
+def test_old_value_op_passes_opcheck(shape):
+    # The copy of a written operand that derivatives read (autograd._old_value).
+    t = torch.randn(shape, requires_grad=True)
+    torch.library.opcheck(torch.ops.torchcond.old_value.default, (t,))
+    torch.testing.assert_close(torch.ops.torchcond.old_value(t), t)
