@@ -1,6 +1,7 @@
 """Differentiation of cond/switch: eager (a Python `if`), torch.func, and traced graphs."""
 
 import functools
+import sys
 
 import expecttest
 import pytest
@@ -314,6 +315,33 @@ def test_gradients_reach_closed_over_parameters_in_a_traced_training_step():
         assert_grads_equal(got, want)
         untaken = [2, 3] if sign > 0 else [0, 1]
         assert all(want[i] is None and not got[i].any() for i in untaken)
+
+
+class Calls:
+    """Counts, from outside, how many times Python runs each of some functions.
+
+    A profile hook counts, so the functions change no state themselves: a traced
+    branch may not (torchcond refuses it)."""
+
+    def __init__(self, **fns):
+        self._names = {fn.__code__: name for name, fn in fns.items()}
+        self.counts = dict.fromkeys(fns, 0)
+
+    def _hook(self, frame, event, arg):
+        if event == "call" and frame.f_code in self._names:
+            self.counts[self._names[frame.f_code]] += 1
+
+    def __enter__(self):
+        sys.setprofile(self._hook)
+        return self.counts
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+
+
+def branch_graphs(gm: torch.fx.GraphModule) -> set[int]:
+    """The distinct branch graphs a traced program holds (one may have several names)."""
+    return {id(m) for name, m in gm.named_children() if "_graph_" in name}
 
 
 def test_derivative_graphs_are_built_once_per_forward_graph(monkeypatch):
@@ -707,61 +735,66 @@ def test_a_nested_conditional_traces_to_the_second_derivative():
         assert_grads_equal(gm(leaf(x)), second(leaf(x)))
 
 
-class _SubTraces:
-    """Counts make_fx sub-traces of branches and derivative graphs."""
+def sin_of_matmul(w):
+    return lambda a: (a @ w).sin()
 
-    def __init__(self, monkeypatch):
-        self.count = 0
-        for name in ("trace_inner", "make_fx_keeping_detach"):
-            original = getattr(torchcond._compat, name)
 
-            def counted(*args, _original=original, **kwargs):
-                self.count += 1
-                return _original(*args, **kwargs)
-
-            monkeypatch.setattr(torchcond._compat, name, counted)
+def cos_of_product(w):
+    return lambda a: (a * w).cos()
 
 
 @pytest.mark.parametrize("mode", ["fake", "symbolic"])
-def test_a_traced_gradient_traces_each_branch_and_each_vjp_once(monkeypatch, mode):
+def test_a_traced_gradient_traces_each_branch_once(mode):
     w = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
 
     def grad(x, w):
-        out = cond(x.sum() > 0, lambda a: (a @ w).sin(), lambda a: (a * w).cos(), (x,))
+        out = cond(x.sum() > 0, sin_of_matmul(w), cos_of_product(w), (x,))
         return torch.autograd.grad(out.sum(), (x, w))
 
-    traces = _SubTraces(monkeypatch)
-    gm = make_fx(grad, tracing_mode=mode)(leaf(POS.expand(3, 3).clone()), w)
-    assert traces.count == 4  # two forward branches, two vjp graphs; nothing traced again
+    # Every closure a factory makes shares the factory's inner code object.
+    with Calls(true_fn=sin_of_matmul(w), false_fn=cos_of_product(w)) as calls:
+        gm = make_fx(grad, tracing_mode=mode)(leaf(POS.expand(3, 3).clone()), w)
+    # torch.cond runs each branch twice; here one trace serves the forward and the vjp.
+    assert calls == {"true_fn": 1, "false_fn": 1}
+    assert len(branch_graphs(gm)) == 4  # two forward branches, two vjp graphs
     for x in (POS.expand(3, 3).clone(), NEG.expand(3, 3).clone()):
         assert_grads_equal(gm(x, w), grad(leaf(x), w))
 
 
-def test_aot_autograd_traces_each_branch_and_each_vjp_once(monkeypatch):
+def test_aot_autograd_runs_each_branch_as_often_on_every_compile():
     from functorch.compile import aot_function, nop
 
-    def f(x, w):
-        return cond(x.sum() > 0, lambda a: a.sin() * w, lambda a: a.cos() + w, (x,))
+    sin_branch = lambda a, w: a.sin() * w  # noqa: E731
+    cos_branch = lambda a, w: a.cos() + w  # noqa: E731
 
-    traces = _SubTraces(monkeypatch)
+    def f(x, w):
+        return cond(x.sum() > 0, sin_branch, cos_branch, (x, w))
+
     for x in (POS, NEG):
         got_x, got_w = leaf(x), leaf(POS)
-        aot_function(f, nop, nop)(got_x, got_w).sum().backward()
+        with Calls(true_fn=sin_branch, false_fn=cos_branch) as calls:
+            aot_function(f, nop, nop)(got_x, got_w).sum().backward()
+        # Each branch runs to find the tensors it closes over, to find its writes,
+        # for its output metadata, and in the joint trace. The backward runs none.
+        assert calls == {"true_fn": 4, "false_fn": 4}
         want_x, want_w = leaf(x), leaf(POS)
         f(want_x, want_w).sum().backward()
         torch.testing.assert_close((got_x.grad, got_w.grad), (want_x.grad, want_w.grad))
-    # Per compile: two functionalized forward branches, two vjp graphs.
-    assert traces.count == 8
 
 
-def test_second_derivative_traces_each_derivative_graph_once(monkeypatch):
+def test_second_derivative_traces_each_branch_once():
+    sin_branch = lambda a: a.sin() * a**2  # noqa: E731
+    exp_branch = lambda a: a.exp() * a  # noqa: E731
+
     def second(x):
-        (gx,) = torch.autograd.grad(with_cond(x).sum(), (x,), create_graph=True)
+        out = cond(x.sum() > 0, sin_branch, exp_branch, (x,))
+        (gx,) = torch.autograd.grad(out.sum(), (x,), create_graph=True)
         return torch.autograd.grad(gx.sum(), (x,))[0]
 
-    traces = _SubTraces(monkeypatch)
-    gm = make_fx(second, tracing_mode="fake")(leaf(POS))
-    assert traces.count == 6  # forward, vjp and vjp of the vjp, two branches each
+    with Calls(true_fn=sin_branch, false_fn=exp_branch) as calls:
+        gm = make_fx(second, tracing_mode="fake")(leaf(POS))
+    assert calls == {"true_fn": 1, "false_fn": 1}
+    assert len(branch_graphs(gm)) == 6  # forward, vjp and vjp of the vjp, two branches each
     for x in (POS, NEG):
         torch.testing.assert_close(gm(x), second(leaf(x)))
 
