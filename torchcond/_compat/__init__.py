@@ -84,9 +84,14 @@ __all__ = [
     "track_tensor_tree",
 ]
 
-# A context in which no torch.func transform sees an op: what is computed there is
-# never wrapped by a transform's level (2.11-2.15).
-functorch_disabled = torch._C._DisableFuncTorch
+
+@contextlib.contextmanager
+def outside_trace_and_transforms():
+    """Where a value a graph records is made: no trace sees it, and no torch.func
+    level wraps it (2.11-2.15)."""
+    with disable_proxy_modes_tracing(), torch._C._DisableFuncTorch():
+        yield
+
 
 # How many dispatch / torch-function modes are active: C functions, so the eager fast
 # path can test "maybe tracing" without a Python frame (2.11-2.15).

@@ -191,7 +191,8 @@ def _no_donated_branch_inputs():
     positions (``fw_metadata.bw_donated_idxs``, read when a graph is made), so a
     branch input at such a position, a gradient say, was reused in place. Another
     input that is the same tensor then read the result (2.11 and 2.13; the field is
-    the same on 2.14 and 2.15). The backward graph itself read them before.
+    the same on 2.14 and 2.15). The positions are put back afterwards, so the
+    backward graph itself still donates its buffers.
     """
     from torch._guards import TracingContext
 

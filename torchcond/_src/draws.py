@@ -352,7 +352,7 @@ def _redirect_destination(graph: torch.fx.Graph, random_node, value) -> None:
 
 
 def _clone(graph, node, val) -> torch.fx.Node:
-    with _compat.disable_proxy_modes_tracing(), _compat.functorch_disabled():
+    with _compat.outside_trace_and_transforms():
         copy = val.clone()
     return _call(graph, torch.ops.aten.clone.default, (node,), copy)
 
@@ -392,7 +392,7 @@ def _call(graph, target, args, val, kwargs=None) -> torch.fx.Node:
 def _zeros_like_in(graph: torch.fx.Graph, sizes: _SizeNodes, value: torch.Tensor) -> torch.fx.Node:
     """Zeros shaped like another branch's draw, with sizes from this graph's inputs."""
     size = [sizes.node_for(s) for s in value.shape]
-    with _compat.disable_proxy_modes_tracing(), _compat.functorch_disabled():
+    with _compat.outside_trace_and_transforms():
         val = value.new_zeros(value.shape)
     return _call(
         graph,

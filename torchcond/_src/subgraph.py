@@ -216,7 +216,7 @@ def _copy_outputs(gm, indices, memory_format=None) -> None:
         with gm.graph.inserting_before(output):
             copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],), kwargs)
         # The value a trace records is never wrapped by a torch.func level, active or not.
-        with _compat.disable_proxy_modes_tracing(), _compat.functorch_disabled():
+        with _compat.outside_trace_and_transforms():
             copy.meta["val"] = outs[i].meta["val"].clone(**kwargs)
         outs[i] = copy
     output.args = (tuple(outs),)

@@ -91,13 +91,12 @@ class BranchWrites:
         self.label = ""
         self._inputs = operands
         self._needs_grad = list(refuse_grad)
-        # Owning, every write to an operand stops before it lands (the recorder's
-        # refusal), so that the branch can run again on a copy.
-        self._refuse = (
-            [r or isinstance(t, _Tensor) for r, t in zip(refuse_grad, operands)]
-            if owning
-            else self._needs_grad
-        )
+        # The writes the recorder stops before they land: those to an operand that
+        # needs a gradient and, owning, every write to an operand, so that the branch
+        # can run again on a copy.
+        self._refuse = [
+            needs or (owning and isinstance(t, _Tensor)) for needs, t in zip(refuse_grad, operands)
+        ]
         self._owning = owning
         # Operands each branch gets a copy of, owning. Under export's pre-dispatch trace
         # a write is in the graph before the recorder hears of it, so it cannot be
