@@ -30,16 +30,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import itertools
 import math
 import os
 import random
 import re
+import traceback
 from collections.abc import Callable
 
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from conftest import dispatch_keys, restore_dispatch_keys
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchcond
@@ -665,6 +668,8 @@ class Outcome:
 
 def run_calls(make_run, calls) -> Outcome:
     """Builds the callable, then calls it on a copy of each call's arguments."""
+    keys = dispatch_keys()
+    gc.disable()  # no collection mid-run (see _free_stale_guards)
     try:
         run = make_run()
         results = []
@@ -674,7 +679,24 @@ def run_calls(make_run, calls) -> Outcome:
         error = None
     except Exception as e:
         results, error = None, e
+    finally:
+        gc.enable()
+    _free_stale_guards(error, keys)
     return Outcome(results, error, repair_torch_state())
+
+
+def _free_stale_guards(error: BaseException | None, keys) -> None:
+    """Frees, now, the frames a run left behind, and puts back the dispatch keys.
+
+    torch's ``Tensor.__repr__`` holds a ``_DisableFuncTorch`` guard in a local. A
+    frame kept by an error, or left in a reference cycle, keeps the guard; when it is
+    freed, the guard puts back the dispatch keys of its own time, in whatever then
+    runs. Freed by a later collection, inside another case, that broke the case (a
+    BatchedTensor reached fake tensors) or crashed Inductor's code."""
+    for e in _chain(error) if error is not None else ():
+        traceback.clear_frames(e.__traceback__)
+    gc.collect()
+    restore_dispatch_keys(keys)
 
 
 def torch_state_problem() -> str | None:

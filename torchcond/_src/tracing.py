@@ -614,9 +614,9 @@ def trace_lifting(
 # ``torch.no_grad()`` block). Re-running the graph to differentiate it runs such nodes
 # under no_grad, so they stay constants, as they are to the branch's own autograd.
 GRAD_DISABLED = "torchcond_grad_disabled"
-# Node meta key: grad was off, but not by the traced code: the node is part of an
-# autograd.Function's forward (or an inference_mode block). Its derivative is that
-# Function's backward, which the graph does not hold.
+# Node meta key: grad was off for this node, and the traced code did not turn it off.
+# The node is part of an autograd.Function's forward (or an inference_mode block). Its
+# derivative is that Function's backward, which the graph does not hold.
 OWN_BACKWARD = "torchcond_own_backward"
 
 
