@@ -634,6 +634,76 @@ def test_aot_function_runs_a_custom_functions_own_backward():
         assert_grads_equal(grads(compiled(xa).sum(), [xa]), want)
 
 
+# Custom ops with their own derivatives, each calling the other: the second
+# derivative of either runs the first one's derivative formula.
+@torch.library.custom_op("torchcond_test::sine", mutates_args=())
+def sine(x: torch.Tensor) -> torch.Tensor:
+    return x.sin()
+
+
+@torch.library.custom_op("torchcond_test::cosine", mutates_args=())
+def cosine(x: torch.Tensor) -> torch.Tensor:
+    return x.cos()
+
+
+sine.register_fake(torch.empty_like)
+cosine.register_fake(torch.empty_like)
+
+
+def _save_input(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+sine.register_autograd(lambda ctx, g: g * cosine(ctx.saved_tensors[0]), setup_context=_save_input)
+cosine.register_autograd(lambda ctx, g: -g * sine(ctx.saved_tensors[0]), setup_context=_save_input)
+
+
+class TimesTen(torch.autograd.Function):
+    """``sine(x)``, a custom op with a derivative of its own, with gradient 10 instead."""
+
+    @staticmethod
+    def forward(x):
+        return sine(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return 10 * g
+
+
+def second_derivative(branch, other):
+    def second(x):
+        out = cond(x.sum() > 0, branch, other, (x,))
+        (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return g, torch.autograd.grad(g.sum(), x)[0]
+
+    return second
+
+
+def test_a_traced_second_derivative_runs_custom_ops_own_derivatives():
+    # The first derivative's graph holds the op the other's formula called, made with
+    # grad off below its own autograd kernel. Run again with grad on, it is
+    # differentiated by its own formula (this was refused as a custom Function).
+    second = second_derivative(lambda a: sine(a) * a, lambda a: cosine(a) * a)
+    for x in (POS, NEG):
+        assert_traced_matches_eager(second, x)
+
+
+def test_a_custom_op_inside_a_custom_function_keeps_the_functions_backward():
+    # The op's own derivative is not the Function's: differentiated inside the trace,
+    # the Function's backward runs; outside it, the refusal stands.
+    assert_traced_matches_eager(second_derivative(lambda a: TimesTen.apply(a) * a, torch.cos), POS)
+    gm = make_fx(lambda x: cond(x.sum() > 0, TimesTen.apply, lambda a: a.sin(), (x,)))(leaf(POS))
+    with pytest.raises(
+        torchcond.UnsupportedCondError,
+        match=r"custom torch.autograd.Function.*outside the make_fx trace",
+    ):
+        make_fx(lambda x: torch.autograd.grad(gm(x).sum(), x))(leaf(POS))
+
+
 @pytest.mark.parametrize("taken", [True, False])
 def test_a_custom_function_over_closed_over_parameters_gets_their_gradients(taken):
     def f(x, w, p):

@@ -107,6 +107,19 @@ _is_batched = torch._C._functorch.is_batchedtensor
 _functorch_unwrap = torch._C._functorch.get_unwrapped
 
 
+_BUILT_IN_NAMESPACES = frozenset({"aten", "prims", "torchcond"})
+
+
+def has_own_derivative(target) -> bool:
+    """Whether ``target`` is an op outside torch's own whose derivative is a kernel
+    registered for it (``torch.library``'s ``register_autograd``), 2.11-2.15."""
+    return (
+        isinstance(target, OpOverload)
+        and target.namespace not in _BUILT_IN_NAMESPACES
+        and torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "Autograd")
+    )
+
+
 def hop_name(op: HigherOrderOperator) -> str:
     """``op.name()``, which dynamo cannot call, as the attribute it returns (2.11-2.15)."""
     return op._name

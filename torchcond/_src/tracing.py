@@ -631,21 +631,29 @@ def runs_custom_forward(gm: torch.fx.GraphModule) -> bool:
 
 
 class _GradModeSetByCode(torch.overrides.TorchFunctionMode):
-    """Grad mode as the traced code sets it.
+    """Grad mode as the traced code sets it, and the ops the code calls with grad off.
 
     ``no_grad``, ``enable_grad`` and ``set_grad_enabled`` go through
     ``torch._C._set_grad_enabled``, a torch function. An autograd.Function also runs
     its forward with grad off, but in C++: that forward is differentiable code, and
-    only the code's own switches count.
+    only the code's own switches count. The ops the code calls while grad is off
+    (inside such a forward) are kept, for ``_marks_own_backward``.
     """
 
     def __init__(self):
         super().__init__()
         self.enabled = True
+        self.calling_without_grad: list = []  # innermost last
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is _compat.set_grad_enabled:
             self.enabled = bool(args[0])
+        elif isinstance(func, _compat.OpOverload) and not torch.is_grad_enabled():
+            self.calling_without_grad.append(func)
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                self.calling_without_grad.pop()
         return func(*args, **(kwargs or {}))
 
 
@@ -666,6 +674,22 @@ def conditional_forward():
         _IN_CONDITIONAL_FORWARD.reset(token)
 
 
+def _marks_own_backward(node: torch.fx.Node, grad_mode: _GradModeSetByCode) -> bool:
+    """Whether ``node``, made with grad off though the code did not turn it off, is
+    part of a forward whose derivative the graph does not hold.
+
+    Not so for an op with its own derivative (a ``torch.library`` custom op with
+    ``register_autograd``), which runs below autograd with grad off: its node is the
+    op, and running it with grad on runs its derivative. Unless the code itself
+    called it with grad off, inside an autograd.Function's forward.
+    """
+    if _IN_CONDITIONAL_FORWARD.get():
+        return False
+    calling = grad_mode.calling_without_grad
+    called_without_grad = bool(calling) and calling[-1] is node.target
+    return called_without_grad or not _compat.has_own_derivative(node.target)
+
+
 @contextlib.contextmanager
 def _marking_grad_disabled_nodes(fx_tracer):
     """Mark the nodes created while the traced code has grad off.
@@ -683,7 +707,7 @@ def _marking_grad_disabled_nodes(fx_tracer):
         node = create_node(*args, **kwargs)
         if not grad_mode.enabled:
             node.meta[GRAD_DISABLED] = True
-        elif not torch.is_grad_enabled() and not _IN_CONDITIONAL_FORWARD.get():
+        elif not torch.is_grad_enabled() and _marks_own_backward(node, grad_mode):
             node.meta[OWN_BACKWARD] = True
         return node
 
