@@ -774,10 +774,12 @@ def eager_vmap_level(selector) -> tuple[int, int] | None:
     rule (as ``eager_functorch_interpreter``); None otherwise. 2.11-2.15 (the C
     interpreter's ``key``/``level``, ``CVmapInterpreterPtr.batchSize``)."""
     top = _peek_interpreter_stack()
-    if top is None or top.key() != VMAP or tracing_active() or len_function_stack():
+    if top is None or not isinstance(selector, torch.Tensor):
         return None
+    # Only a vmap level batches tensors, so a selector batched at the innermost level
+    # says that level is a vmap without asking its kind (a slow pybind enum compare).
     level = top.level()
-    if not (isinstance(selector, torch.Tensor) and batched_at(selector, level)):
+    if not batched_at(selector, level) or tracing_active() or len_function_stack():
         return None
     return level, _VmapInterpreterPtr(top).batchSize()
 
@@ -788,7 +790,6 @@ def eager_vmap_level(selector) -> tuple[int, int] | None:
 pop_vmap_level = torch._C._functorch.pop_dynamic_layer_stack
 push_vmap_level = torch._C._functorch.push_dynamic_layer_stack
 unwrap_dead_tensor = torch._C._functorch.unwrap_if_dead
-VMAP = torch._C._functorch.TransformType.Vmap
 
 
 _UNEXPORTED_LEVELS = (GRAD_TRANSFORM,) if EXPORT_TRACES_JVP else (GRAD_TRANSFORM, JVP_TRANSFORM)
