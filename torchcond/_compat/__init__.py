@@ -340,10 +340,10 @@ def local_scalar(t: torch.Tensor):
 
 
 def same_size(a, b, outside: frozenset = frozenset()) -> bool:
-    """Statically equal sizes, with no guard: the same expression. A size made from
-    data equals another only where its symbols are bound ``outside`` the branches
-    (the batch size vmap maps every branch over, say): each branch's own are its
-    subgraph's, unknown to the graph around it."""
+    """Whether two sizes are the same expression, checked without a guard. A size made
+    from data equals another only where its symbols are bound ``outside`` the branches
+    (such as the batch size vmap maps every branch over). A branch's own symbols
+    belong to its subgraph, and the graph around it does not know them."""
     from torch.fx.experimental.symbolic_shapes import SymIntEqByExpr, free_unbacked_symbols
 
     if SymIntEqByExpr(a) != SymIntEqByExpr(b):
@@ -670,8 +670,8 @@ def from_functional(value):
 
 
 def mutated_in_place(value) -> tuple[bool, bool]:
-    """Whether the FunctionalTensor ``value`` was written to in place: its data, its
-    metadata (sizes, strides: ``t_()``, ``resize_()``)."""
+    """Whether the FunctionalTensor ``value`` was written to in place: its data, and
+    its metadata (sizes and strides, as ``t_()`` and ``resize_()`` change them)."""
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     if not isinstance(value, FunctionalTensor):

@@ -933,9 +933,9 @@ def _made_of(graph, spec, value_at: int, tensor_at: int):
 
 
 def _symbols_out_of_graph(graph, ret_val, ret_spec, numbers: dict, variables):
-    """``ret_val`` and ``ret_spec`` with each symbol a branch returns as a number
-    (``numbers``: the value positions) taken out of the graph's outputs and kept as a
-    constant, its example value, as dynamo keeps a Python number: the 0-d tensor
+    """``ret_val`` and ``ret_spec``, with each symbol a branch returns as a number
+    taken out of the graph's outputs (``numbers`` holds their positions). Each is kept
+    as a constant, its example value, as dynamo keeps a Python number. The 0-d tensor
     beside it is what the conditional returns."""
     masks = list(ret_spec.masks_to_filter_const_values or ())
     if not any(not masks[k] for k in numbers):

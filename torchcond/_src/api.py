@@ -228,12 +228,13 @@ def switch(
 
 
 def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
-    """Dynamo traces this: it speculates the branches itself and inlines constant
-    predicates (_compat/dynamo.py); it sees a SymBool as a bool, hence a path of its own.
+    """The call as dynamo traces it. Dynamo speculates the branches itself and inlines
+    constant predicates (_compat/dynamo.py). It sees a SymBool as a bool, so this path
+    is separate.
 
-    Every global this touches becomes a guard the compiled code checks on each call,
-    so it stays short and reads only module-level names (an alias guard, for
-    ``torch`` reached through a second module, is a Python lambda).
+    Every global this function touches becomes a guard that the compiled code checks
+    on each call. So it stays short and reads only module-level names. (An alias
+    guard, for ``torch`` reached through a second module, is a Python lambda.)
     """
     try:
         strategy = _inline_inside_jvp(strategy)
@@ -269,13 +270,13 @@ def _switch_under_dynamo(index, branches, operands, strategy):
 
 
 def _inline_inside_jvp(strategy):
-    """``"select"`` in place of ``"auto"`` where a grad or jvp level is active inside a
+    """``"select"`` instead of ``"auto"`` where a grad or jvp level is active inside a
     jvp level (jvp of jvp, jacfwd of jacrev, hessian).
 
-    There the operator's node would be wrong: the code dynamo compiles around it reads
-    each derivative as having a tangent at the outer jvp level, as the operator's
-    trace has it, but the branch run eagerly gives a constant derivative (that of
-    ``2 * x``) none. Every branch inlined, then selected, is plain code that agrees.
+    There the operator's node would be wrong. The code dynamo compiles around it
+    expects a tangent at the outer jvp level for every derivative. But the branch, run
+    eagerly, gives no tangent for a constant derivative (that of ``2 * x``). Every
+    branch inlined, then selected, is plain code, and it agrees.
     """
     if strategy == "auto" and _compat.differentiated_inside_jvp():
         return "select"
@@ -291,9 +292,10 @@ def _operator_under_dynamo(
     may_write=True,
     speculate_only=False,
 ):
-    """``op`` as dynamo speculates it: flat operands, each branch taking them flat
-    (``pytrees.speculated``); dynamo rebuilds the output. Called only while dynamo
-    traces: dynamo's hook for the operator (_compat/dynamo.py) runs in place of ``op``.
+    """``op`` as dynamo speculates it. The operands are flat, each branch takes them
+    flat (``pytrees.speculated``), and dynamo rebuilds the output. This runs only while
+    dynamo traces; dynamo's hook for the operator (_compat/dynamo.py) runs instead of
+    ``op``.
 
     ``may_write=False``: the branches all run, taken or not (the select path), so the
     hook refuses their writes to anything from outside them. ``speculate_only``: the
@@ -315,9 +317,9 @@ def _operator_under_dynamo(
 def _general_path(
     kind: ConditionalKind, selector, branches, operands, strategy="auto", check_branches=False
 ):
-    """The slow path: every call the eager fast path does not take, checked, then run as
-    ``strategy``, the selector and tracing say. Under a profiler, in a range named after
-    the call."""
+    """Checks the arguments and routes the call (``_check_and_route``). The eager fast
+    path in ``cond`` and ``switch`` has already taken the common case. Under a
+    profiler, the call runs in a range named after it."""
     if not _dynamo_compiling() and _profiling():
         with torch.autograd.profiler.record_function(f"torchcond.{kind.name}"):
             return _check_and_route(kind, selector, branches, operands, strategy, check_branches)
@@ -325,9 +327,9 @@ def _general_path(
 
 
 def _check_and_route(kind: ConditionalKind, selector, branches, operands, strategy, check_branches):
-    """The arguments checked, then the call handed on: to the select path, to the taken
-    branch when the selector is a constant or readable on the host, or else to the
-    operator."""
+    """Checks the arguments, then routes the call. It goes to the select path, to the
+    taken branch when the selector is a constant or the host can read it, or else to
+    the operator."""
     branches = kind.check_branches(branches)
     _check_operands(operands)
     n = len(branches)

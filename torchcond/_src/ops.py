@@ -120,7 +120,8 @@ def kind_of(op) -> ConditionalKind:
 
 
 def _dense(kind: ConditionalKind, selector, branches, operands):
-    """Real tensors: run the taken branch. Meta predicates cannot be read: merge all."""
+    """On real tensors, runs the taken branch. A meta predicate cannot be read, so
+    every branch is merged."""
     if isinstance(selector, torch.Tensor) and selector.device.type == "meta":
         real = [
             t.device for t in operands if isinstance(t, torch.Tensor) and t.device.type != "meta"

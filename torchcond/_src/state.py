@@ -176,12 +176,13 @@ _EVERY_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 
 class every_branch_runs:  # a context manager, named as one
-    """Around code that runs every branch of a conditional, taken or not: the user's
-    branches run under it are watched (``run_branch``). Under dynamo, which cannot
-    set a context variable, nothing: dynamo speculated the branches first (api's
-    select path) and settled what they change there (_compat/dynamo.py). A class, not
-    a generator: the select path enters it on every call, where a generator's cost
-    shows."""
+    """Wraps code that runs every branch of a conditional, taken or not. The user's
+    branches that run inside it are watched (``run_branch``).
+
+    Under dynamo, which cannot set a context variable, it does nothing. Dynamo has
+    already speculated the branches (api's select path) and settled what they change
+    (_compat/dynamo.py). It is a class, not a generator, because the select path
+    enters it on every call, where a generator's cost shows."""
 
     __slots__ = ("how", "token")
 

@@ -271,9 +271,9 @@ def _closures_masked(
 
 
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:
-    """Output positions where every branch returns the same tensor: the same operand
-    (each branch's masked stand-in of it counts as the operand), or the same object.
-    ``given`` None: every branch read the operands themselves."""
+    """The output positions where every branch returns the same tensor. That is the
+    same operand (a branch's masked stand-in of it counts as the operand), or the same
+    object. ``given`` is None when every branch read the operands themselves."""
     first, rest = outputs[0], outputs[1:]
     same = {}
     for j, out in enumerate(first):

@@ -82,10 +82,10 @@ class _CopyWanted(Exception):
 
 class BranchWrites:
     """The writes of one conditional call's branches to its ``operands``, recorded one
-    branch at a time: ``run`` a branch, then ``finish`` it (or ``run_all``).
-    ``refuse_grad[i]``: a write to operand ``i`` is refused because it needs a
-    gradient. ``owning``: branches run with ``run_owning``, each writing its own copy
-    of an operand (see there)."""
+    branch at a time. Call ``run`` on a branch, then ``finish`` (or ``run_all`` for
+    all of them). ``refuse_grad[i]`` says a write to operand ``i`` is refused because
+    it needs a gradient. With ``owning``, branches run with ``run_owning``, and each
+    writes its own copy of an operand."""
 
     def __init__(self, operands: Sequence, refuse_grad: Sequence[bool], owning: bool = False):
         self.label = ""
@@ -167,14 +167,15 @@ class BranchWrites:
     def run_owning(
         self, label: str, branch: Callable, inputs: Sequence, context: Callable[[], tuple]
     ) -> tuple[tuple, dict[int, torch.Tensor]]:
-        """``run`` then ``finish``, where the branch's autograd graph may keep what it
-        writes (a gradient may be taken, now or of a trace): the branch writes its own
-        copy of an operand, whose value after it is the operand's new value. Putting
-        the old value back in place, as ``run`` does, would change a tensor the graph
-        saved. A write to an operand without a copy stops before it lands; the branch
-        then runs again with a copy of it, as every later branch does. A branch that
-        writes nothing runs once, on the operands. ``context()``: the context managers
-        for one run."""
+        """``run`` then ``finish``, for a branch whose autograd graph may keep what it
+        writes (a gradient may be taken, now or of a trace).
+
+        The branch writes its own copy of an operand, and the copy's value afterwards
+        is the operand's new value. Putting the old value back in place, as ``run``
+        does, would change a tensor the graph saved. A write to an operand that has no
+        copy stops before it lands. The branch then runs again with a copy of it, as
+        every later branch does. A branch that writes nothing runs once, on the
+        operands. ``context()`` gives the context managers for one run."""
         while True:
             copied = tuple(self._copied)
             try:
