@@ -160,23 +160,47 @@ def run_every_branch(
     # A buffer a branch assigns, or other Python state it changes: refused (state.py).
     with every_branch_runs("select"):
         if differentiable or guarded:
-            outputs, values, given = [], [], []
-            for k, branch in enumerate(branches):
-                mask = _Mask(first, which, k)
-                inputs = _masked(mask(), operands, guarded) if guarded else operands
-                outs, new_values = writes.run_owning(
-                    labels[k],
-                    branch,
-                    inputs,
-                    lambda: (_closures_masked(mask, inputs, writes, guards, grad_mode, labels[k]),),  # noqa: B023
-                )
-                outputs.append(outs)
-                values.append(new_values)
-                given.append(inputs)
+            masks = [_Mask(first, which, k) for k in range(n)]
+            runs = _MaskedRuns(writes, operands, guarded, guards, grad_mode)
+            outputs, values, given = runs.run(branches, labels, masks)
         else:  # every branch reads the operands themselves
             outputs, values = writes.run_all(labels, branches, operands)
             given = None
     check_agreement(outputs, labels, selected=True)
+    return _every_branch(which, first, outputs, values, given, operands)
+
+
+class _MaskedRuns:
+    """Every branch run on operands masked to the examples that take it, each writing
+    its own copies (``BranchWrites.run_owning``)."""
+
+    def __init__(self, writes: BranchWrites, operands, guarded, guards, grad_mode: bool):
+        self.writes, self.operands, self.guarded = writes, operands, guarded
+        self.guards, self.grad_mode = guards, grad_mode
+
+    def run(self, branches, labels, masks) -> tuple[list, list, list]:
+        """Per branch: its outputs, the operands' new values it wrote, its inputs."""
+        outputs, values, given = [], [], []
+        for branch, label, mask in zip(branches, labels, masks):
+            inputs = _masked(mask(), self.operands, self.guarded) if self.guarded else self.operands
+            outs, new_values = self.writes.run_owning(
+                label,
+                branch,
+                inputs,
+                lambda: (self._closures(mask, inputs, label),),  # noqa: B023
+            )
+            outputs.append(outs)
+            values.append(new_values)
+            given.append(inputs)
+        return outputs, values, given
+
+    def _closures(self, mask, inputs, label: str):
+        return _closures_masked(mask, inputs, self.writes, self.guards, self.grad_mode, label)
+
+
+def _every_branch(which, first, outputs, values, given, operands) -> EveryBranch:
+    """The outputs to select, without those every branch returns alike, followed by the
+    written operands' values after each branch."""
     same = _same_outputs(outputs, given, operands)
     written = sorted({i for mine in values for i in mine}) if any(values) else []
     if same or written:
