@@ -827,12 +827,12 @@ def differentiating_transforms_active() -> bool:
         return True
     if _peek_interpreter_stack() is None:
         return False
-    return any(int(i.key()) in _DIFFERENTIATING_VALUES for i in _interpreter_stack())
+    return any(i.key().value in _DIFFERENTIATING_VALUES for i in _interpreter_stack())
 
 
-# The transform kinds as ints: comparing pybind enums costs a microsecond each, on
+# The transform kinds' values: comparing pybind enums costs a microsecond each, on
 # every per-example call.
-_DIFFERENTIATING_VALUES = frozenset(map(int, DIFFERENTIATING_TRANSFORMS))
+_DIFFERENTIATING_VALUES = frozenset(kind.value for kind in DIFFERENTIATING_TRANSFORMS)
 
 
 # --- dispatch modes that trace nothing (modes.py) --------------------------------------
