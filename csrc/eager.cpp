@@ -10,6 +10,10 @@
 // path reads the selector as Python does, with the tracer's warning). Then the selector
 // is read, as Python's bool()/index() would: a selector that cannot be read (several
 // elements, batched by vmap, meta) goes to the slow path, which explains or handles it.
+//
+// These checks mirror host.host_readable(selector, PLAIN) (torchcond/_src/host.py), the
+// one rule for "can the host read the selector now". test/test_host_readable.py checks
+// that the two agree.
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/utils/pybind.h>

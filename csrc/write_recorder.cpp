@@ -106,26 +106,26 @@ bool concrete(const at::Tensor& t) { return !t.unsafeGetTensorImpl()->has_symbol
 bool within_elements(const at::Tensor& inner, const at::Tensor& outer) {
   if (inner.numel() == 0) return true;
   if (outer.numel() == 0) return false;
-  const int64_t osz = static_cast<int64_t>(outer.element_size());
-  const int64_t isz = static_cast<int64_t>(inner.element_size());
+  const int64_t outer_itemsize = static_cast<int64_t>(outer.element_size());
+  const int64_t inner_itemsize = static_cast<int64_t>(inner.element_size());
   auto extent = [](const at::Tensor& t, int64_t itemsize) {  // [first byte, last byte + 1)
-    int64_t lo = t.storage_offset() * itemsize, hi = lo;
+    int64_t begin = t.storage_offset() * itemsize, end = begin;
     for (int64_t d = 0; d < t.dim(); ++d) {
       const int64_t span = (t.size(d) - 1) * t.stride(d) * itemsize;
-      (span < 0 ? lo : hi) += span;
+      (span < 0 ? begin : end) += span;
     }
-    return std::make_pair(lo, hi + itemsize);
+    return std::make_pair(begin, end + itemsize);
   };
-  const auto [olo, ohi] = extent(outer, osz);
-  const auto [ilo, ihi] = extent(inner, isz);
-  if (ilo < olo || ihi > ohi) return false;
+  const auto [outer_begin, outer_end] = extent(outer, outer_itemsize);
+  const auto [inner_begin, inner_end] = extent(inner, inner_itemsize);
+  if (inner_begin < outer_begin || inner_end > outer_end) return false;
   if (outer.is_non_overlapping_and_dense()) return true;  // its extent is its elements
-  if (osz == isz && inner.storage_offset() == outer.storage_offset() && inner.sizes().equals(outer.sizes()) &&
-      inner.strides().equals(outer.strides())) {
+  if (outer_itemsize == inner_itemsize && inner.storage_offset() == outer.storage_offset() &&
+      inner.sizes().equals(outer.sizes()) && inner.strides().equals(outer.strides())) {
     return true;
   }
   // Byte by byte: a write into part of a strided operand, checked once per op.
-  std::vector<uint8_t> mine(static_cast<size_t>(ohi - olo), 0);
+  std::vector<uint8_t> mine(static_cast<size_t>(outer_end - outer_begin), 0);
   auto each_element = [](const at::Tensor& t, int64_t itemsize, int64_t origin, auto&& f) {
     std::vector<int64_t> index(t.dim(), 0);
     for (int64_t k = 0; k < t.numel(); ++k) {
@@ -139,12 +139,12 @@ bool within_elements(const at::Tensor& inner, const at::Tensor& outer) {
     }
     return true;
   };
-  each_element(outer, osz, olo, [&](int64_t offset) {
-    std::fill(mine.begin() + offset, mine.begin() + offset + osz, 1);
+  each_element(outer, outer_itemsize, outer_begin, [&](int64_t offset) {
+    std::fill(mine.begin() + offset, mine.begin() + offset + outer_itemsize, 1);
     return true;
   });
-  return each_element(inner, isz, olo, [&](int64_t offset) {
-    return std::all_of(mine.begin() + offset, mine.begin() + offset + isz, [](uint8_t b) { return b != 0; });
+  return each_element(inner, inner_itemsize, outer_begin, [&](int64_t offset) {
+    return std::all_of(mine.begin() + offset, mine.begin() + offset + inner_itemsize, [](uint8_t b) { return b != 0; });
   });
 }
 
@@ -213,8 +213,8 @@ class Recorder {
     for (StorageId i : inputs) {
       if (i == s) return;
     }
-    for (StorageId o : storages_) {
-      if (o == s) return;
+    for (StorageId stored : storages_) {
+      if (stored == s) return;
     }
     made_.insert(s);
   }
@@ -407,8 +407,8 @@ PyObject* run_recorded(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
     auto recorder = std::make_unique<Recorder>(std::move(bases), py::cast<std::vector<bool>>(a[2]));
     const int64_t start = PyLong_AsLongLong(a[3]);
     py::list outputs;
-    const int64_t nb = static_cast<int64_t>(py::len(branches));
-    for (int64_t k = start; k < nb; ++k) {
+    const int64_t num_branches = static_cast<int64_t>(py::len(branches));
+    for (int64_t k = start; k < num_branches; ++k) {
       py::object branch = branches[k];
       observe(*recorder);
       PyObject* out = PyObject_Call(branch.ptr(), args, nullptr);

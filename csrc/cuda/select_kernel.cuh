@@ -285,14 +285,14 @@ __device__ __forceinline__ int64_t branch_at(const LaunchParams& p, int64_t sel_
   return branch_of(p, selector_bits(p, sel_offset));
 }
 
-// Offset (in elements) of coordinate-linear index `linear` over dims [0, nd) with the
+// Offset (in elements) of coordinate-linear index `linear` over dims [0, ndim) with the
 // given strides; I is the index type for the div/mod (uint32_t when it fits). The
 // outermost dim needs no modulo: the index is in range.
 template <typename I>
-__device__ __forceinline__ int64_t offset_of(I linear, const int64_t* sizes, const int64_t* strides, int nd) {
-  if (nd <= 0) return 0;
+__device__ __forceinline__ int64_t offset_of(I linear, const int64_t* sizes, const int64_t* strides, int ndim) {
+  if (ndim <= 0) return 0;
   int64_t offset = 0;
-  for (int k = nd - 1; k > 0; --k) {
+  for (int k = ndim - 1; k > 0; --k) {
     const I size = static_cast<I>(sizes[k]);
     const I quotient = linear / size;
     offset += static_cast<int64_t>(linear - quotient * size) * strides[k];
@@ -611,9 +611,9 @@ __device__ __forceinline__ void vector_tile(const LaunchParams& p, const OutputD
 template <typename I, typename Item>
 __device__ __forceinline__ void element_tile(const LaunchParams& p, const OutputDesc& d, int64_t local) {
   constexpr int kLoads = sizeof(I) == 8 ? 2 : kInFlight;
-  const int nd = d.ndim;
+  const int ndim = d.ndim;
   const int64_t* sizes = output_sizes(p, d);
-  const int64_t* sel_strides = sizes + nd;
+  const int64_t* sel_strides = sizes + ndim;
   const int64_t begin = local * d.tile_size;
   const int64_t end = min(begin + d.tile_size, d.numel);
   TORCHCOND_ROLLED
@@ -622,7 +622,7 @@ __device__ __forceinline__ void element_tile(const LaunchParams& p, const Output
     TORCHCOND_UNROLL
     for (int k = 0; k < kLoads; ++k) {
       const int64_t element = first + k * kThreads;
-      if (element < end) bits[k] = selector_bits(p, offset_of<I>(static_cast<I>(element), sizes, sel_strides, nd));
+      if (element < end) bits[k] = selector_bits(p, offset_of<I>(static_cast<I>(element), sizes, sel_strides, ndim));
     }
     Item held[kLoads] = {};
     uint32_t loaded = 0;  // bit k: element k was loaded (in range, its branch in the window)
@@ -633,7 +633,7 @@ __device__ __forceinline__ void element_tile(const LaunchParams& p, const Output
       const int64_t branch = branch_of(p, bits[k]);
       if (!in_window(d, branch)) continue;
       const int64_t* entry = branch_entry(p, d, branch);
-      const int64_t offset = offset_of<I>(static_cast<I>(element), sizes, entry + 1, nd);
+      const int64_t offset = offset_of<I>(static_cast<I>(element), sizes, entry + 1, ndim);
       held[k] = load<Item>(entry_base(entry) + offset * static_cast<int64_t>(sizeof(Item)));
       loaded |= 1u << k;
     }
@@ -649,18 +649,18 @@ __device__ __forceinline__ void element_tile(const LaunchParams& p, const Output
 // made at odd byte offsets): one element per thread, in accesses of d.unit bytes.
 template <typename I>
 __device__ __forceinline__ void unaligned_element_tile(const LaunchParams& p, const OutputDesc& d, int64_t local) {
-  const int nd = d.ndim;
+  const int ndim = d.ndim;
   const int64_t* sizes = output_sizes(p, d);
-  const int64_t* sel_strides = sizes + nd;
+  const int64_t* sel_strides = sizes + ndim;
   const int64_t begin = local * d.tile_size;
   const int64_t end = min(begin + d.tile_size, d.numel);
   const int64_t itemsize = d.itemsize;
   TORCHCOND_ROLLED
   for (int64_t element = begin + threadIdx.x; element < end; element += kThreads) {
-    const int64_t branch = branch_at(p, offset_of<I>(static_cast<I>(element), sizes, sel_strides, nd));
+    const int64_t branch = branch_at(p, offset_of<I>(static_cast<I>(element), sizes, sel_strides, ndim));
     if (!in_window(d, branch)) continue;
     const int64_t* entry = branch_entry(p, d, branch);
-    const int64_t offset = offset_of<I>(static_cast<I>(element), sizes, entry + 1, nd);
+    const int64_t offset = offset_of<I>(static_cast<I>(element), sizes, entry + 1, ndim);
     copy_element(d.out + element * itemsize, entry_base(entry) + offset * itemsize, d.itemsize, d.unit);
   }
 }

@@ -70,13 +70,13 @@ class Launcher {
   void add(const SelectCall& call, const SelectOutput& w) {
     const int64_t num_branches = call.num_branches;
     const select_plan::LayoutRef layout = call.layout(w);
-    const int nd = layout.ndim;
-    TORCH_CHECK(pool_words(nd, 1) <= kPoolWords, "torchcond::select (CUDA): output ", w.index, " has ", nd,
+    const int ndim = layout.ndim;
+    TORCH_CHECK(pool_words(ndim, 1) <= kPoolWords, "torchcond::select (CUDA): output ", w.index, " has ", ndim,
                 " dimensions after merging contiguous ones; at most ", (kPoolWords - 1) / 3, " are supported");
     OutputDesc d{};
     d.out = static_cast<char*>(w.out.data_ptr());
     d.numel = w.out.numel();
-    d.ndim = nd;
+    d.ndim = ndim;
     d.itemsize = static_cast<int32_t>(w.itemsize);
     d.line_len = layout.line_len();
     d.unit = element_unit(w.itemsize, addresses(call, w));
@@ -88,10 +88,10 @@ class Launcher {
     d.sel_vector = plan.sel_vector;
     // Branch windows: all branches at once unless this output's pool entry would not
     // fit; then each window writes only the elements that select one of its branches.
-    const int64_t window = std::min<int64_t>(num_branches, (kPoolWords - 2 * nd) / (1 + nd));
+    const int64_t window = std::min<int64_t>(num_branches, (kPoolWords - 2 * ndim) / (1 + ndim));
     for (int64_t lo = 0; lo < num_branches; lo += window) {
       const int64_t hi = std::min(num_branches, lo + window);
-      const int words = pool_words(nd, static_cast<int>(hi - lo));
+      const int words = pool_words(ndim, static_cast<int>(hi - lo));
       if (params_.n_out == kMaxOutputs || pool_used_ + words > kPoolWords) flush();
       OutputDesc& slot = params_.outs[params_.n_out++];
       slot = d;
@@ -101,12 +101,12 @@ class Launcher {
       slot.tile_begin = params_.total_tiles;
       params_.total_tiles += plan.tiles;
       int64_t* pool = params_.pool + pool_used_;
-      for (int k = 0; k < nd; ++k) pool[k] = layout.sizes()[k];
-      for (int k = 0; k < nd; ++k) pool[nd + k] = layout.sel_strides()[k];
-      int64_t* entry = pool + 2 * nd;
+      for (int k = 0; k < ndim; ++k) pool[k] = layout.sizes()[k];
+      for (int k = 0; k < ndim; ++k) pool[ndim + k] = layout.sel_strides()[k];
+      int64_t* entry = pool + 2 * ndim;
       for (int64_t b = lo; b < hi; ++b) {
         *entry++ = static_cast<int64_t>(reinterpret_cast<uintptr_t>(call.value(b, w).const_data_ptr()));
-        for (int k = 0; k < nd; ++k) *entry++ = layout.branch_strides(b)[k];
+        for (int k = 0; k < ndim; ++k) *entry++ = layout.branch_strides(b)[k];
       }
       pool_used_ += words;
     }
@@ -195,12 +195,12 @@ class Launcher {
   // aligned; 0 when some branch is not contiguous along the line.
   int32_t rows_access(const SelectCall& call, const SelectOutput& w, int64_t line_bytes) const {
     const select_plan::LayoutRef layout = call.layout(w);
-    const int nd = layout.ndim;
+    const int ndim = layout.ndim;
     uint64_t bits = addresses(call, w) | static_cast<uint64_t>(line_bytes);
     for (int64_t b = 0; b < call.num_branches; ++b) {
       const int64_t* strides = layout.branch_strides(b);
-      if (strides[nd - 1] != 1 && layout.sizes()[nd - 1] != 1) return 0;
-      for (int k = 0; k + 1 < nd; ++k) bits |= static_cast<uint64_t>(strides[k] * w.itemsize);
+      if (strides[ndim - 1] != 1 && layout.sizes()[ndim - 1] != 1) return 0;
+      for (int k = 0; k + 1 < ndim; ++k) bits |= static_cast<uint64_t>(strides[k] * w.itemsize);
     }
     return common_alignment(bits);
   }
