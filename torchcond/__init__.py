@@ -1,12 +1,12 @@
-"""Structured conditionals for PyTorch: ``cond`` and ``switch`` as higher-order operators."""
+"""Structured conditionals for PyTorch. ``cond`` and ``switch`` are higher-order operators."""
 
 from . import (
-    _compat,  # noqa: F401  (checks the torch version first)
+    _compat,  # noqa: F401  (importing it first checks the torch version)
     _extension,
 )
 
-_extension.load()  # torchcond._C, after checking it was built for this torch
-from . import passes  # torchcond.passes.lower_to_select
+_extension.load()  # checks that torchcond._C was built for this torch, then loads it
+from . import passes  # makes torchcond.passes.lower_to_select reachable
 from ._src.api import cond, switch
 from ._src.ops import cond_op, switch_op
 from ._src.select_ops import select, select_n

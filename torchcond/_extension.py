@@ -1,10 +1,10 @@
-"""Loading torchcond._C, and checking it was built for the torch that is running.
+"""Load torchcond._C after checking that it was built for the running torch.
 
-The extension links against torch's C++ libraries, whose ABI changes between torch
+The extension links against torch's C++ libraries. Their ABI changes between torch
 releases and between CPU and CUDA builds. The build records what it compiled against
 in ``_build_info.json`` beside the library (see setup.py). This module compares that
-record with the running torch *before* loading the library, so a mismatch is a one-line
-explanation with the fix, not an undefined-symbol error or a crash later.
+record with the running torch *before* it loads the library. A mismatch then gives a
+one-line explanation with the fix, instead of an undefined-symbol error or a later crash.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import warnings
 
 import torch
 
-# Bumped with every change to the operators' schemas or torchcond._C's functions
-# (csrc/ops.cpp, kAbiVersion there).
+# Bump this with every change to the operators' schemas or torchcond._C's functions.
+# It must match kAbiVersion in csrc/ops.cpp.
 ABI_VERSION = 5
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,7 +27,8 @@ _REBUILD = (
 
 
 def _release(version: str) -> str:
-    """'2.14.1+cu130' -> '2.14.1': the local tag names the build, checked separately."""
+    """Drop the local tag, so '2.14.1+cu130' becomes '2.14.1'. The tag names the build,
+    which ``mismatch`` checks separately."""
     return version.split("+")[0]
 
 
@@ -58,7 +59,7 @@ def read_build_info() -> dict | None:
 
 
 def load() -> None:
-    """Import torchcond._C (registering the torchcond operator library), checked first."""
+    """Check the build record, then import torchcond._C to register its operators."""
     built = read_build_info()
     if built is None:
         raise ImportError(

@@ -1,7 +1,7 @@
-"""The one exception family torchcond raises for mistakes a user can make.
+"""The exceptions that torchcond raises for mistakes a user can make.
 
-Every message names the argument or output path, what was expected and what was
-found. Exceptions raised by the user's own branches are never wrapped.
+Every message names the argument or output path, what was expected, and what was
+found. torchcond never wraps an exception that the user's own branch raises.
 """
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-# How a flat position is written when nobody names it from the user's pytree.
+# How a flat position reads when no path from the user's pytree names it.
 _FLAT_NAMES = {"output": "output[{}]", "operand": "operands (flattened)[{}]"}
 
 
 class CondError(Exception):
-    """Base of every error torchcond raises about its arguments or branches.
+    """Base class of every error that torchcond raises about its arguments or branches.
 
     Each subclass also derives from the matching built-in exception, so code that
-    catches ``TypeError`` or ``ValueError`` keeps working. Exceptions raised by the
-    user's own branch code are never wrapped in it.
+    catches ``TypeError`` or ``ValueError`` keeps working. torchcond never wraps an
+    exception that the user's own branch code raises.
 
     Examples:
         >>> x = torch.ones(3)
@@ -29,24 +29,25 @@ class CondError(Exception):
         CondArgumentError True
     """
 
-    # An error about one flat output or operand (``at``) keeps its message with
-    # ``{path}`` for the position (``template``) and the position (``path``): the
-    # rules that raise see flat tuples; the boundary that flattened the user's pytrees
-    # names the position (``named``). No ``__init__``: dynamo constructs these errors
-    # when it traces a check, and cannot trace one on every torch release.
+    # The rules that raise see only flat tuples of outputs and operands. So ``at``
+    # keeps the message with a ``{path}`` placeholder (``template``) and the flat
+    # position (``path``). The code that flattened the user's pytrees then calls
+    # ``named`` to fill in the real path. The class has no ``__init__`` because dynamo
+    # constructs these errors when it traces a check, and it cannot trace a custom
+    # ``__init__`` on every torch release.
     template: str = ""
     path: tuple[Literal["output", "operand"], int] | None = None
 
     @classmethod
     def at(cls, kind: Literal["output", "operand"], index: int, message: str):
-        """An error about flat ``kind`` number ``index``; ``message`` says ``{path}`` for it."""
+        """Return an error about flat ``kind`` number ``index``, at ``{path}`` in ``message``."""
         error = cls(message.replace("{path}", _FLAT_NAMES[kind].format(index)))
         error.template, error.path = message, (kind, index)
         return error
 
     def named(self, outputs: Sequence[str], operands: Sequence[str]):
-        """This error with its flat position named from the user's pytrees, or itself
-        when it names none (or was already named by an inner conditional)."""
+        """Return this error with its flat position named from the user's pytrees.
+        Return ``self`` if it has no position, or an inner conditional already named it."""
         if self.path is None:
             return self
         kind, index = self.path
@@ -57,17 +58,18 @@ class CondError(Exception):
 
 
 class CondArgumentError(CondError, TypeError):
-    """An argument of ``cond``/``switch`` has the wrong type, shape or value."""
+    """Raised when an argument of ``cond`` or ``switch`` has the wrong type, shape or value."""
 
 
 class BranchMismatchError(CondError, ValueError, RuntimeError):
-    """Branches return outputs that cannot be one operator's output.
+    """Raised when branches return outputs that cannot be one operator's output.
 
-    Also a ``RuntimeError``, the type of ``torch.cond``'s mismatch errors, so code
-    written against ``torch.cond`` catches it.
+    It is also a ``RuntimeError``, the type of ``torch.cond``'s mismatch errors, so
+    code written against ``torch.cond`` catches it.
 
-    Raised when the branches are traced (eagerly only the taken branch runs), or
-    eagerly with ``check_branches=True``. The message names the output path.
+    It is raised when the branches are traced, or eagerly with
+    ``check_branches=True``. Otherwise eager mode runs only the taken branch and
+    cannot compare. The message names the output path.
 
     Examples:
         >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -81,20 +83,26 @@ class BranchMismatchError(CondError, ValueError, RuntimeError):
 
 
 class BranchMutationError(CondError, RuntimeError):
-    """A branch changes something outside itself that the conditional cannot change as
-    a Python ``if`` would.
+    """Raised when a branch changes outside state in a way that the conditional cannot
+    reproduce as a Python ``if`` would.
 
-    Writes to operands, module buffers, closed-over tensors and views of them are
-    fine in every mode, and so is assigning a registered buffer a tensor of its
-    shape, dtype and device (traced, a write into the buffer). Refused, before
-    anything is written: a write through one of two operands that share memory, to
-    a real tensor a trace on fake tensors holds as a constant, to an operand's sizes
-    or strides; when traced, a change of Python state (a list appended to, an
-    attribute set), a tensor assigned to an attribute that is no buffer, a buffer
-    assigned a value that does not fit it; and where every branch runs
-    (``strategy="select"``, or ``torch.vmap`` with a per-example predicate), a write
-    to a closed-over tensor or an operand that needs a gradient, or an assigned
-    buffer. The message names the attribute, object or operand and the branch.
+    A branch may write to operands, module buffers, closed-over tensors and views of
+    them in every mode. It may also assign a registered buffer a tensor of the same
+    shape, dtype and device, which a trace records as a write into the buffer.
+
+    These are refused before anything is written:
+
+    * a write through one of two operands that share memory, a write to a real
+      tensor that a trace on fake tensors holds as a constant, and a change to an
+      operand's sizes or strides;
+    * when traced, a change of Python state (a list appended to, an attribute set), a
+      tensor assigned to an attribute that is not a buffer, and a buffer assigned a
+      value that does not fit it;
+    * where every branch runs (``strategy="select"``, or ``torch.vmap`` with a
+      per-example predicate), a write to a closed-over tensor or to an operand that
+      needs a gradient, and any buffer assignment.
+
+    The message names the attribute, object or operand, and the branch.
 
     Examples:
         >>> counter = torch.zeros(())
@@ -109,4 +117,4 @@ class BranchMutationError(CondError, RuntimeError):
 
 
 class UnsupportedCondError(CondError, NotImplementedError):
-    """A combination torchcond cannot compute correctly and refuses rather than guess."""
+    """Raised for a combination that torchcond cannot compute correctly, so it refuses to guess."""

@@ -1,10 +1,10 @@
 """Graph passes over exported programs.
 
-``lower_to_select(ep)`` rewrites every ``torchcond_cond``/``torchcond_switch`` node into
-the computation of every branch followed by one fused ``torchcond::select`` (or
-``select_n``) over all outputs. The result has no control flow, so it suits backends
-without conditionals, and running it never reads the predicate on the host. It
-computes every branch, so it costs the sum of the branches, not the taken one.
+``lower_to_select(ep)`` replaces every ``torchcond_cond``/``torchcond_switch`` node.
+The replacement computes every branch, then applies one fused ``torchcond::select``
+(or ``select_n``) to all outputs. The result has no control flow, so it suits
+backends without conditionals. Running it never reads the predicate on the host. It
+costs the sum of the branches, not the cost of the taken one.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from .errors import BranchMismatchError
 
 
 def lower_to_select(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """A copy of ``ep`` with every conditional lowered to all branches plus a select.
+    """Return a copy of ``ep`` with every conditional lowered to all branches plus a select.
 
     Nested conditionals (inside branches) are lowered first. The program's inputs,
     outputs and signature are unchanged.
 
     The lowered program has no control flow, so it suits backends without
-    conditionals, and running it never reads a predicate on the host. It computes
-    every branch, so it costs the sum of the branches, not the taken one.
+    conditionals. Running it never reads a predicate on the host. It computes every
+    branch, so it costs the sum of the branches, not the cost of the taken one.
 
     Args:
         ep: an exported program, as :func:`torch.export.export` returns it. It is not
@@ -96,7 +96,7 @@ def _lower_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
 
 
 def _inline(graph: torch.fx.Graph, branch: torch.fx.GraphModule, operands) -> list:
-    """Copy ``branch``'s nodes into ``graph``; returns the nodes of its outputs."""
+    """Copy ``branch``'s nodes into ``graph`` and return the nodes of its outputs."""
     env = dict(zip(branch.graph.find_nodes(op="placeholder"), operands))
     for sub in branch.graph.nodes:
         if sub.op in ("placeholder", "output"):
@@ -109,14 +109,15 @@ def _inline(graph: torch.fx.Graph, branch: torch.fx.GraphModule, operands) -> li
 
 
 def _as_tensor(graph: torch.fx.Graph, selector, dtype: torch.dtype):
-    """A SymBool/SymInt selector (a shape predicate) as a 0-d tensor for the kernel."""
+    """Return ``selector`` as a tensor for the kernel. A SymBool or SymInt selector (a
+    shape predicate) becomes a 0-d tensor."""
     if isinstance(selector, torch.fx.Node) and isinstance(selector.meta.get("val"), torch.Tensor):
         return selector
     return graph.call_function(torch.ops.aten.scalar_tensor.default, (selector,), {"dtype": dtype})
 
 
 def _check_same_metadata(node, branches) -> None:
-    """An elementwise select needs every branch's outputs to agree in shape and dtype."""
+    """Raise unless all branches' outputs agree in shape and dtype, as a select needs."""
     per_branch = [output_values(b) for b in branches]
     for i, values in enumerate(zip(*per_branch)):
         first = values[0]

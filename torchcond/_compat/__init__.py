@@ -1,9 +1,8 @@
-"""Every private torch API torchcond touches, in one place.
+"""Every private torch API that torchcond touches, in one place.
 
 Each name below was checked on torch 2.11.0 (the GPU machines), 2.13.0, 2.14.1 and
-2.15.0 (CI runs the suite on all four). Where a name differs between them, a comment
-says how.
-When torch moves one of them, this module is the only file that changes.
+2.15.0. CI runs the suite on all four. Where a name differs between them, a comment
+says how. When torch moves one of these names, this module is the only file that changes.
 """
 
 from __future__ import annotations
@@ -27,10 +26,10 @@ def _torch_version() -> tuple[int, int]:
 
 
 TORCH_VERSION = _torch_version()
-# make_fx records ``detach`` as a differentiable ``alias`` from torch 2.14 on (checked:
-# detach on 2.11 and 2.13, alias on 2.14 and 2.15).
+# From torch 2.14 on, make_fx records ``detach`` as a differentiable ``alias``. It
+# records detach on 2.11 and 2.13, and alias on 2.14 and 2.15.
 DETACH_TRACED_AS_ALIAS = TORCH_VERSION >= (2, 14)
-# torch.export records no torch.func.jvp before 2.13 (its tensors become constants).
+# Before 2.13, torch.export records no torch.func.jvp. Its tensors become constants.
 EXPORT_TRACES_JVP = TORCH_VERSION >= (2, 13)
 if TORCH_VERSION < MIN_TORCH:
     raise ImportError(
@@ -87,17 +86,17 @@ __all__ = [
 
 @contextlib.contextmanager
 def outside_trace_and_transforms():
-    """Where a value a graph records is made: no trace sees it, and no torch.func
-    level wraps it (2.11-2.15)."""
+    """A context for making a value that a graph records. No trace sees it, and no
+    torch.func level wraps it (2.11-2.15)."""
     with disable_proxy_modes_tracing(), torch._C._DisableFuncTorch():
         yield
 
 
-# How many dispatch / torch-function modes are active: C functions, so the eager fast
-# path can test "maybe tracing" without a Python frame (2.11-2.15).
+# These count the active dispatch and torch-function modes. They are C functions, so the
+# eager fast path can test "maybe tracing" without a Python frame (2.11-2.15).
 len_dispatch_stack = torch._C._len_torch_dispatch_stack
 len_function_stack = torch._C._len_torch_function_stack
-# A context in which no torch-function mode or subclass sees a call; dynamo traces it
+# In this context no torch-function mode or subclass sees a call. Dynamo traces it
 # (2.11-2.15).
 torch_function_disabled = torch._C.DisableTorchFunction
 _tls_key_included = torch._C._dispatch_tls_is_dispatch_key_included
@@ -111,8 +110,8 @@ _BUILT_IN_NAMESPACES = frozenset({"aten", "prims", "torchcond"})
 
 
 def has_own_derivative(target) -> bool:
-    """Whether ``target`` is an op outside torch's own whose derivative is a kernel
-    registered for it (``torch.library``'s ``register_autograd``), 2.11-2.15."""
+    """Return whether ``target`` is an op outside torch's own whose derivative is a kernel
+    registered for it with ``torch.library``'s ``register_autograd`` (2.11-2.15)."""
     return (
         isinstance(target, OpOverload)
         and target.namespace not in _BUILT_IN_NAMESPACES
@@ -121,23 +120,23 @@ def has_own_derivative(target) -> bool:
 
 
 def hop_name(op: HigherOrderOperator) -> str:
-    """``op.name()``, which dynamo cannot call, as the attribute it returns (2.11-2.15)."""
+    """Return ``op.name()`` by reading its attribute, since dynamo cannot call it (2.11-2.15)."""
     return op._name
 
 
 def below_autograd():
-    """Dispatch below the Autograd key (the operator's own autograd rule already ran)."""
+    """Dispatch below the Autograd key, because the operator's own autograd rule already ran."""
     return torch._C._AutoDispatchBelowAutograd()
 
 
 def tracing_active() -> bool:
-    """True under any torch dispatch mode (fake, proxy, functional, pre-dispatch) or dynamo.
+    """Return whether a dispatch mode (fake, proxy, functional, pre-dispatch) or dynamo is active.
 
-    Called on every eager cond, so it is three C-level checks and no Python loops.
+    Every eager cond calls this, so it makes three C-level checks and runs no Python loops.
     A pre-dispatch mode (export) shows as the PreDispatch key in the TLS include set.
     """
     return bool(
-        torch.compiler.is_dynamo_compiling()  # first: dynamo folds it, skips the rest
+        torch.compiler.is_dynamo_compiling()  # first, so dynamo folds it and skips the rest
         or len_dispatch_stack()
         or _tls_key_included(_PRE_DISPATCH)
     )
@@ -158,16 +157,16 @@ VMAP_TRANSFORM = torch._C._functorch.TransformType.Vmap
 
 
 def functorch_base(t: torch.Tensor) -> torch.Tensor:
-    """The tensor under every functorch wrapper (grad, jvp, vmap levels)."""
+    """Return the tensor under every functorch wrapper (grad, jvp, vmap levels)."""
     while _is_functorch_wrapped(t):
         t = _functorch_unwrap(t)
     return t
 
 
-# A grad/jvp wrapper whose torch.func level has ended dispatches to this key with no
-# interpreter to take it (a vjp_fn called after torch.func.vjp returned); aten ops
-# unwrap such wrappers in a C++ fallback, a higher-order operator by hand
-# (``unwrap_if_dead``). Checked on 2.11-2.15.
+# A grad or jvp wrapper whose torch.func level has ended dispatches to this key, and no
+# interpreter takes it. This happens when a vjp_fn is called after torch.func.vjp
+# returned. Aten ops unwrap such wrappers in a C++ fallback. A higher-order operator
+# unwraps them by hand (``unwrap_if_dead``). Checked on 2.11-2.15.
 DEAD_WRAPPER_KEY = DispatchKey.FuncTorchGradWrapper
 
 
@@ -178,14 +177,14 @@ def unwrap_if_dead(value):
 
 
 def transform_inner(value):
-    """What a torch.func level's wrapper (grad, jvp, vmap) wraps; None otherwise."""
+    """Return what a torch.func level's wrapper (grad, jvp, vmap) wraps, or None."""
     if isinstance(value, torch.Tensor) and _is_functorch_wrapped(value):
         return functorch_base(value)
     return None
 
 
 def is_vmapped(t: torch.Tensor) -> bool:
-    """True when ``t`` is batched at any functorch level (vmap, vmap of grad, ...)."""
+    """Return whether ``t`` is batched at any functorch level (vmap, vmap of grad, ...)."""
     while _is_functorch_wrapped(t):
         if _is_batched(t):
             return True
@@ -194,7 +193,7 @@ def is_vmapped(t: torch.Tensor) -> bool:
 
 
 def is_differentiated_by_transform(t: torch.Tensor) -> bool:
-    """True when a grad or jvp level wraps ``t`` (a vmap level alone does not)."""
+    """Return whether a grad or jvp level wraps ``t``. A vmap level alone does not count."""
     while _is_functorch_wrapped(t):
         if not _is_batched(t):
             return True
@@ -203,12 +202,12 @@ def is_differentiated_by_transform(t: torch.Tensor) -> bool:
 
 
 def batched_at(t: torch.Tensor, level: int) -> bool:
-    """True when ``t`` carries a vmap batch dimension for ``level``."""
+    """Return whether ``t`` carries a vmap batch dimension for ``level``."""
     return _is_batched(t) and torch._C._functorch.maybe_get_level(t) == level
 
 
 def unbatch(value, level: int):
-    """``(value without level's batch dim, that dim or None)``."""
+    """Return ``value`` without ``level``'s batch dim, and that dim or None."""
     if isinstance(value, torch.Tensor) and batched_at(value, level):
         return _functorch_unwrap(value), torch._C._functorch.maybe_get_bdim(value)
     return value, None
@@ -219,42 +218,43 @@ def batch(t: torch.Tensor, dim: int, level: int) -> torch.Tensor:
 
 
 def vmap_level(batch_size: int, randomness: str):
-    """A new vmap level while the context is active; yields its number. What
-    ``torch.vmap`` enters, without its checks on inputs (2.11-2.15)."""
+    """Return a context with a new vmap level, which yields the level's number.
+    ``torch.vmap`` enters the same context, but also checks its inputs (2.11-2.15)."""
     from torch._functorch.vmap import vmap_increment_nesting
 
     return vmap_increment_nesting(batch_size, randomness)
 
 
 def remove_batch_dim(t: torch.Tensor, level: int, batch_size: int, dim: int) -> torch.Tensor:
-    """``t`` without ``level``'s batching, the batch at ``dim`` (expanded where ``t`` is not
-    batched at ``level``), as ``torch.vmap`` returns an output (2.11-2.15)."""
+    """Remove ``level``'s batching from ``t`` and put the batch at ``dim``, as ``torch.vmap``
+    returns an output. A ``t`` not batched at ``level`` is expanded (2.11-2.15)."""
     return torch._C._functorch._remove_batch_dim(t, level, batch_size, dim)
 
 
 def has_tangent(value) -> bool:
-    """True when ``value`` is a dual tensor of the active forward-AD level."""
+    """Return whether ``value`` is a dual tensor of the active forward-AD level."""
     import torch.autograd.forward_ad as fwAD
 
     if fwAD._current_level < 0 or not isinstance(value, torch.Tensor):
         return False
-    # A query, not part of the program. A fake tensor answers through its own mode;
-    # a real one (a constant in a fake trace) must not meet the active fake mode.
+    # This query is not part of the program. A fake tensor answers through its own mode.
+    # A real one (a constant in a fake trace) must not meet the active fake mode.
     with disable_proxy_modes_tracing(), _fake_tensor.unset_fake_temporarily():
         return fwAD.unpack_dual(value).tangent is not None
 
 
 def capturing_cuda_graph(t: torch.Tensor) -> bool:
-    """True while a CUDA graph is being captured on the current stream of ``t``'s device."""
+    """Return whether a CUDA graph is being captured on the current stream of ``t``'s device."""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def cuda_graph_if_body():
-    """``if_body(pred)``: capture into an IF node of the CUDA graph being captured.
+    """Return ``if_body(pred)``, which captures into an IF node of the CUDA graph being captured.
 
-    PyTorch's own API for it (``torch.cuda.CUDAGraph.begin_capture_to_if_node``,
-    used by its cudagraph conditional nodes) exists from torch 2.13, not on 2.11;
-    conditional nodes with captured bodies need a CUDA 12.4 runtime. None without.
+    PyTorch's own API for this is ``torch.cuda.CUDAGraph.begin_capture_to_if_node``,
+    which its cudagraph conditional nodes use. It exists from torch 2.13, not on 2.11.
+    Conditional nodes with captured bodies need a CUDA 12.4 runtime. Without both, this
+    returns None.
     """
     graph_cls = getattr(torch._C, "_CUDAGraph", None)
     if not all(
@@ -286,7 +286,7 @@ def is_exporting() -> bool:
     return torch.compiler.is_exporting()
 
 
-# An alias, not a wrapper: the select path asks it about twenty times a call.
+# An alias, not a wrapper, because the select path asks it about twenty times a call.
 is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
@@ -294,14 +294,14 @@ is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def ignore_fresh_unbacked(mode: FakeTensorMode):
-    """Branch outputs' fresh unbacked symbols belong to the subgraph, not the caller."""
+    """Ignore fresh unbacked symbols in branch outputs. They belong to the subgraph."""
     if mode.shape_env is None:
         return contextlib.nullcontext()
     return mode.shape_env.ignore_fresh_unbacked_symbols()
 
 
 def sym_range(shape_env, size) -> tuple[Any, Any]:
-    """The value range the shape env knows for ``size`` (an int or a SymInt)."""
+    """Return the value range that the shape env knows for ``size`` (an int or a SymInt)."""
     if isinstance(size, int):
         return size, size
     r = shape_env.bound_sympy(size.node.expr)
@@ -315,8 +315,8 @@ def new_unbacked_size(shape_env, lower, upper) -> torch.SymInt:
 
 
 def finite_bound(bound) -> int | None:
-    """A range bound as an int; None for an infinite one (``int_oo``, whose sympy
-    ``is_finite`` is True). ``int_oo`` exists on 2.11-2.15."""
+    """Return a range bound as an int, or None for an infinite one. ``int_oo`` needs its
+    own test, because its sympy ``is_finite`` is True. ``int_oo`` exists on 2.11-2.15."""
     from torch.utils._sympy.numbers import int_oo
 
     if bound == int_oo or bound == -int_oo:
@@ -325,8 +325,8 @@ def finite_bound(bound) -> int | None:
 
 
 def check_in_range(value: torch.SymInt | int | float, lower: int | None, upper: int | None) -> None:
-    """``lower <= value <= upper`` (None: unbounded) for the shape env, and at run time
-    where the trace records its assertions. ``torch._check`` exists on 2.11-2.15."""
+    """Assert ``lower <= value <= upper`` for the shape env, and at run time where the trace
+    records its assertions. A None bound is unbounded. ``torch._check`` exists on 2.11-2.15."""
     if lower is not None:
         torch._check(value >= lower)
     if upper is not None:
@@ -334,15 +334,15 @@ def check_in_range(value: torch.SymInt | int | float, lower: int | None, upper: 
 
 
 def local_scalar(t: torch.Tensor):
-    """``t.item()`` as an operator dynamo records without ``capture_scalar_outputs``
-    (an unbacked symbol where ``t`` is traced); on 2.11-2.15."""
+    """Return ``t.item()`` through an operator that dynamo records without
+    ``capture_scalar_outputs``. Where ``t`` is traced, it is an unbacked symbol (2.11-2.15)."""
     return torch.ops.aten._local_scalar_dense.default(t)
 
 
 def same_size(a, b, outside: frozenset = frozenset()) -> bool:
-    """Whether two sizes are the same expression, checked without a guard. A size made
-    from data equals another only where its symbols are bound ``outside`` the branches
-    (such as the batch size vmap maps every branch over). A branch's own symbols
+    """Return whether two sizes are the same expression, checked without a guard. A size
+    made from data equals another only if its symbols are bound ``outside`` the branches,
+    such as the batch size that vmap maps every branch over. A branch's own symbols
     belong to its subgraph, and the graph around it does not know them."""
     from torch.fx.experimental.symbolic_shapes import SymIntEqByExpr, free_unbacked_symbols
 
@@ -352,7 +352,7 @@ def same_size(a, b, outside: frozenset = frozenset()) -> bool:
 
 
 def unbacked_symbols(tensors) -> frozenset:
-    """The data-dependent size symbols in ``tensors``' sizes and strides. 2.11-2.15."""
+    """Return the data-dependent size symbols in ``tensors``' sizes and strides. 2.11-2.15."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     values = [t for t in tensors if isinstance(t, torch.Tensor)]
@@ -360,10 +360,10 @@ def unbacked_symbols(tensors) -> frozenset:
 
 
 def assume_same_size(a, b) -> bool:
-    """Whether sizes ``a`` and ``b`` may be equal: False when they are known to differ;
-    otherwise True, and equal they must be from here on, for the shape env, and at run
-    time where a trace records its assertions (two sizes made from data, which no
-    trace can compare). ``guard_or_true`` and ``torch._check`` exist on 2.11-2.15."""
+    """Return whether sizes ``a`` and ``b`` may be equal. If they may, assert from here on
+    that they are equal. The assertion holds for the shape env, and at run time where a
+    trace records its assertions. It covers two sizes made from data, which no trace can
+    compare. ``guard_or_true`` and ``torch._check`` exist on 2.11-2.15."""
     from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true
 
     if statically_known_true(a == b):
@@ -388,35 +388,35 @@ def schema_of(op: OpOverload) -> torch.FunctionSchema:
 
 
 def storage_key(t: torch.Tensor) -> StorageWeakRef:
-    """Identity of ``t``'s storage (real or fake): equal for views of one tensor.
+    """Return the identity of ``t``'s storage, real or fake. Views of one tensor share it.
 
-    A torch.func wrapper (vmap, grad, jvp) has no storage of its own: a write to it
-    writes to the tensor it wraps, whose storage is the key. Export's pre-dispatch
-    trace meets them in graphs, as the values of its placeholders.
+    A torch.func wrapper (vmap, grad, jvp) has no storage of its own. A write to it writes
+    to the tensor it wraps, so that tensor's storage is the key. Export's pre-dispatch
+    trace meets such wrappers as the values of its placeholders.
     """
     return StorageWeakRef(functorch_base(t).untyped_storage())
 
 
-# ``is_fake_tensor`` exists from torch 2.14, and torch's own HOP code uses it from 2.15
-# on (ahead of a C++ FakeTensor that is not a Python subclass); 2.11 and 2.13 have only
-# the isinstance test.
+# ``is_fake_tensor`` exists from torch 2.14. torch's own HOP code uses it from 2.15 on,
+# ahead of a C++ FakeTensor that is not a Python subclass. 2.11 and 2.13 have only the
+# isinstance test.
 _is_fake = getattr(_fake_tensor, "is_fake_tensor", None) or (lambda t: isinstance(t, FakeTensor))
 
 
 def is_cpp_functional(value) -> bool:
-    """A C++ FunctionalTensorWrapper (``torch._to_functional_tensor``); checked on
-    2.11-2.15."""
+    """Return whether ``value`` is a C++ FunctionalTensorWrapper
+    (``torch._to_functional_tensor``). Checked on 2.11-2.15."""
     return isinstance(value, torch.Tensor) and torch._is_functional_tensor(value)
 
 
 def _keeping_detach(table) -> dict:
-    """``table`` less make_fx's default ``detach -> alias`` rewrite.
+    """Return ``table`` without make_fx's default ``detach -> alias`` rewrite.
 
-    From torch 2.14, make_fx called without a decomposition table records ``detach``
-    as ``alias`` (2.11 and 2.13 keep ``detach``). Branch graphs are differentiated
-    again (their vjp/jvp graphs are traced from them), where an alias would let
-    gradients through the branch's stop-gradient. Passing any explicit table, even
-    an empty one, keeps ``detach`` on 2.14.
+    From torch 2.14, make_fx without a decomposition table records ``detach`` as
+    ``alias``. 2.11 and 2.13 keep ``detach``. Branch graphs are differentiated again,
+    because their vjp and jvp graphs are traced from them. There an alias would let
+    gradients through the branch's stop-gradient. Any explicit table, even an empty
+    one, keeps ``detach`` on 2.14.
     """
     from torch._decomp import decompositions
 
@@ -428,7 +428,7 @@ def _keeping_detach(table) -> dict:
 
 
 def new_sub_tracer(parent):
-    """A make_fx tracer configured like ``parent``, as ``trace_subgraph`` makes one."""
+    """Return a make_fx tracer configured like ``parent``, as ``trace_subgraph`` makes one."""
     if hasattr(parent, "_make_sub_tracer"):  # torch 2.13, 2.14
         return parent._make_sub_tracer(_keeping_detach(parent.decomposition_table))
     return type(parent)(  # torch 2.11 builds it inline in trace_subgraph
@@ -456,34 +456,35 @@ def current_make_fx_tracer():
 
 # --- derivative graphs -------------------------------------------------------------
 
-# What ``torch.no_grad()``/``enable_grad()``/``set_grad_enabled`` call: a torch function,
-# so a TorchFunctionMode sees the traced code's own switches (checked on 2.11-2.15).
+# ``torch.no_grad()``, ``enable_grad()`` and ``set_grad_enabled`` call this. It is a torch
+# function, so a TorchFunctionMode sees the traced code's own switches (checked on 2.11-2.15).
 set_grad_enabled = torch._C._set_grad_enabled
 
 
 def active_fx_tracer():
-    """The fx tracer of the innermost active make_fx proxy mode, or None."""
+    """Return the fx tracer of the innermost active make_fx proxy mode, or None."""
     mode = _proxy_tensor.get_proxy_mode()
     return None if mode is None else mode.tracer
 
 
 def fake_mode_of(args):
-    """The fake mode of the current trace or of ``args``; None for real tensors."""
+    """Return the fake mode of the current trace or of ``args``, or None for real tensors."""
     from torch._guards import detect_fake_mode
 
-    # Another thread's session may be current (tracing.py refuses it): read it safely.
+    # Another thread's session may be current, and tracing.py refuses it. Read it safely.
     mode = getattr(_proxy_tensor._CURRENT_MAKE_FX_TRACER, "fake_tensor_mode", None)
     return mode if mode is not None else detect_fake_mode(args)
 
 
 def trace_as_export_would(fn: Callable, args: tuple) -> torch.fx.GraphModule:
-    """``make_fx`` with symbolic shapes; tensors ``fn`` closes over (parameters) are
-    made fake as they are met. ``_allow_non_fake_inputs``: checked on 2.11-2.15."""
+    """Trace ``fn`` with ``make_fx`` and symbolic shapes. Tensors that ``fn`` closes over,
+    such as parameters, are made fake as they are met. ``_allow_non_fake_inputs`` is
+    checked on 2.11-2.15."""
     return _proxy_tensor.make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
 
 
 def traced_node(t: torch.Tensor):
-    """The node the innermost make_fx tracer recorded for ``t``, or None."""
+    """Return the node that the innermost make_fx tracer recorded for ``t``, or None."""
     tracer = active_fx_tracer()
     if tracer is None or not isinstance(t, torch.Tensor):
         return None
@@ -492,10 +493,10 @@ def traced_node(t: torch.Tensor):
 
 
 # --- make_fx internals that branch tracing (tracing.py) builds on --------------------
-# Checked on 2.11, 2.13, 2.14 and 2.15: a sub-tracer shares its parent's modes through
-# ``_init_modes_from_parent`` and traces with ``_trace_inner``; its proxy-slot tables
-# are ``tensor_tracker``/``symnode_tracker``; ``_filter_traceback_frames`` is the
-# tracer's override point for the frames a node's stack trace keeps.
+# Checked on 2.11, 2.13, 2.14 and 2.15. A sub-tracer shares its parent's modes through
+# ``_init_modes_from_parent`` and traces with ``_trace_inner``. Its proxy-slot tables
+# are ``tensor_tracker`` and ``symnode_tracker``. ``_filter_traceback_frames`` is the
+# tracer's override point for the frames that a node's stack trace keeps.
 
 
 def is_real_tensor(value) -> bool:
@@ -518,23 +519,24 @@ def wrap_proxy_slots(fx_tracer, wrap) -> None:
 
 
 def sub_tracer_modes(sub, parent):
-    """The context in which ``sub`` traces with ``parent``'s fake and proxy modes."""
+    """Return the context in which ``sub`` traces with ``parent``'s fake and proxy modes."""
     return sub._init_modes_from_parent(parent)
 
 
 def trace_inner(sub, fn: Callable, args: tuple) -> torch.fx.GraphModule:
-    # With the caller's proxy mode set aside, as when a mode's rule traces a HOP's
-    # branches: once the branch is traced, _trace_inner inserts the runtime asserts
-    # of the sizes it made (``u0 >= 0`` of a nonzero), and the caller's mode would
-    # record them, where those sizes are unknown.
+    # Set the caller's proxy mode aside, as a mode's rule does when it traces a HOP's
+    # branches. After tracing the branch, _trace_inner inserts runtime asserts for the
+    # sizes it made (``u0 >= 0`` of a nonzero). The caller's mode would record them, but
+    # those sizes are unknown there.
     with disable_proxy_modes_tracing():
         return sub._trace_inner(run_with_interpreter(fn), *args)
 
 
 # --- stack traces: the user's frames ---------------------------------------------
-# A node's stack trace should point at the user's lines (a branch's code, the call of
-# cond), not at the libraries in between. make_fx hands over frames (keep_stack_frames),
-# dynamo a formatted text (user_stack_trace); both keep what is_user_file says.
+# A node's stack trace should point at the user's lines, such as a branch's code or the
+# call of cond. It should not point at the libraries in between. make_fx hands over
+# frames (keep_stack_frames), and dynamo hands over formatted text (user_stack_trace).
+# Both keep the frames that is_user_file accepts.
 
 _LIBRARY_DIRS = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # torchcond
@@ -544,8 +546,8 @@ _FRAME = re.compile(r'^  File "(?P<file>[^"]*)"', re.MULTILINE)
 
 
 def is_user_file(filename: str) -> bool:
-    """Whether a frame in ``filename`` is user code: neither torch's, torchcond's nor
-    fx-generated (a GraphModule's forward)."""
+    """Return whether a frame in ``filename`` is user code. Code from torch, torchcond or
+    fx (a GraphModule's generated forward) is not."""
     if filename.startswith("<eval_with_key>"):  # fx's generated forward
         return False
     return not os.path.abspath(filename).startswith(_LIBRARY_DIRS)
@@ -556,13 +558,13 @@ def _user_frames(stack) -> traceback.StackSummary:
 
 
 def keep_stack_frames(fx_tracer) -> None:
-    """Nodes record stack traces, made of the user's frames only."""
+    """Make nodes record stack traces that hold only the user's frames."""
     fx_tracer.record_stack_traces = True
     fx_tracer._filter_traceback_frames = _user_frames
 
 
 def user_stack_trace(stack_trace: str) -> str:
-    """``stack_trace`` (as ``traceback`` formats it) with the user's frames only."""
+    """Return ``stack_trace``, as ``traceback`` formats it, with only the user's frames."""
     frames = list(_FRAME.finditer(stack_trace))
     if not frames:
         return stack_trace
@@ -572,14 +574,14 @@ def user_stack_trace(stack_trace: str) -> str:
 
 
 def make_fx_keeping_detach(fn: Callable, args: tuple) -> torch.fx.GraphModule:
-    """A fresh make_fx trace of ``fn`` (see ``_keeping_detach``)."""
+    """Trace ``fn`` afresh with make_fx, keeping ``detach`` (see ``_keeping_detach``)."""
     return _proxy_tensor.make_fx(run_with_interpreter(fn), _keeping_detach(None))(*args)
 
 
 @contextlib.contextmanager
 def every_mode_set_aside():
-    """No torch.func level, functionalization or dispatch mode active, as for a HOP's
-    branch tracing (the caller re-enters the fake mode it needs)."""
+    """Set aside every torch.func level, functionalization and dispatch mode, as a HOP's
+    branch tracing does. The caller re-enters the fake mode it needs."""
     from torch._dispatch.python import suspend_functionalization
     from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
     from torch._subclasses.functional_tensor import disable_functional_mode
@@ -595,7 +597,7 @@ def every_mode_set_aside():
 
 
 def transform_levels_set_aside():
-    """No torch.func level active: a level's wrappers then act as the tensors they
+    """Set aside every torch.func level. A level's wrappers then act as the tensors they
     wrap, as in a HOP's branch tracing (checked on 2.11-2.15)."""
     from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
@@ -603,8 +605,8 @@ def transform_levels_set_aside():
 
 
 def functional_inner(value):
-    """What a FunctionalTensor (Python functionalization's wrapper) holds, below its
-    C++ wrapper too; None for anything else."""
+    """Return what a FunctionalTensor (Python functionalization's wrapper) holds, below its
+    C++ wrapper too. Return None for anything else."""
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     if not isinstance(value, FunctionalTensor):
@@ -616,21 +618,21 @@ def functional_inner(value):
 
 
 def functional_mode():
-    """The active FunctionalTensorMode (AOTAutograd, export's decompositions), or None."""
+    """Return the active FunctionalTensorMode (AOTAutograd, export's decompositions), or None."""
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)
 
 
 def new_functional_mode():
-    """A Python functionalization mode of its own, to functionalize one branch's trace
-    in the current make_fx session (at the pre-dispatch level in a pre-dispatch trace,
-    as export's training IR is); checked on 2.11-2.15."""
+    """Return a new Python functionalization mode for one branch's trace in the current
+    make_fx session. In a pre-dispatch trace it works at the pre-dispatch level, as
+    export's training IR does. Checked on 2.11-2.15."""
     from torch._subclasses.functional_tensor import FunctionalTensorMode
 
     return FunctionalTensorMode(pre_dispatch=current_make_fx_tracer().pre_dispatch)
 
 
 def outside_functional_mode():
-    """The active FunctionalTensorMode set aside (nothing to do when none is active)."""
+    """Set aside the active FunctionalTensorMode, if there is one."""
     from torch.utils._python_dispatch import _pop_mode_temporarily
 
     if functional_mode() is None:
@@ -644,12 +646,12 @@ def unwrap_functional(values):
     return pytree.tree_map_only(FunctionalTensor, FunctionalTensor.from_functional, values)
 
 
-# Python functionalization's wrappers, as torch's dispatch_functionalize handles them
-# (checked on 2.11-2.15).
+# These handle Python functionalization's wrappers as torch's dispatch_functionalize
+# does (checked on 2.11-2.15).
 
 
 def functionalize_key_excluded():
-    """The C++ Functionalize key off, so that only the Python mode functionalizes."""
+    """Turn off the C++ Functionalize key, so that only the Python mode functionalizes."""
     return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(DispatchKey.Functionalize))
 
 
@@ -660,7 +662,7 @@ def to_functional(t: torch.Tensor) -> torch.Tensor:
 
 
 def from_functional(value):
-    """The current value under a FunctionalTensor (anything else as it is)."""
+    """Return the current value under a FunctionalTensor, or anything else as it is."""
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     if not isinstance(value, FunctionalTensor):
@@ -670,13 +672,14 @@ def from_functional(value):
 
 
 def mutated_in_place(value) -> tuple[bool, bool]:
-    """Whether the FunctionalTensor ``value`` was written to in place: its data, and
-    its metadata (sizes and strides, as ``t_()`` and ``resize_()`` change them)."""
+    """Return whether the FunctionalTensor ``value`` was written in place, for its data and
+    for its metadata. The metadata is sizes and strides, as ``t_()`` and ``resize_()``
+    change them."""
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     if not isinstance(value, FunctionalTensor):
         return False, False
-    # Both are in torch._C._VariableFunctions on 2.11-2.15; the stubs list only the
+    # Both are in torch._C._VariableFunctions on 2.11-2.15. The stubs list only the
     # metadata one.
     functions: Any = torch
     return (
@@ -694,21 +697,23 @@ _peek_interpreter_stack = torch._C._functorch.peek_interpreter_stack
 
 
 def transforms_active() -> bool:
-    """True while a torch.func transform (grad, jvp, vmap, ...) or a forward-AD level is active.
+    """Return whether a torch.func transform (grad, jvp, vmap) or forward-AD level is active.
 
-    One C call and one attribute read: the select fast path asks it once per call
-    instead of inspecting every tensor. Checked on 2.11, 2.13, 2.14 and 2.15
+    This costs one C call and one attribute read. The select fast path asks it once per
+    call instead of inspecting every tensor. Checked on 2.11, 2.13, 2.14 and 2.15
     (``peek_interpreter_stack`` exists since 2.0, ``forward_ad._current_level`` since 1.9).
-    Dynamo reads any interpreter stack as an object, so it asks the stack itself.
+    Dynamo reads any interpreter stack as an object, so under dynamo this asks the stack
+    itself.
     """
-    if _peek_interpreter_stack() is not None:  # always an object to dynamo: asked below
+    if _peek_interpreter_stack() is not None:  # dynamo always sees an object, so ask below
         return not torch.compiler.is_dynamo_compiling() or _traced_under_a_transform()
     return _forward_ad._current_level >= 0
 
 
 def _traced_under_a_transform() -> bool:
-    """Under dynamo, which calls it while it traces (marked below): whether a torch.func
-    level is active, the transforms' it traces and those around the compiled call."""
+    """Return whether a torch.func level is active under dynamo, from the transforms it
+    traces or those around the compiled call. Dynamo calls this while it traces (marked
+    below)."""
     return _peek_interpreter_stack() is not None
 
 
@@ -716,8 +721,8 @@ _traced_under_a_transform._dynamo_marked_constant = True  # type: ignore[attr-de
 
 
 def _traced_under_a_differentiating_transform() -> bool:
-    """Under dynamo (marked below): whether a torch.func grad or jvp level is active.
-    Dynamo shows no functorch wrappers, and a tensor ``torch.func.grad`` differentiates
+    """Return whether a torch.func grad or jvp level is active under dynamo (marked below).
+    Dynamo shows no functorch wrappers. A tensor that ``torch.func.grad`` differentiates
     does not read as requiring grad there."""
     stack = _peek_interpreter_stack() and _interpreter_stack()
     return any(level.key() in DIFFERENTIATING_TRANSFORMS for level in stack or ())
@@ -727,8 +732,8 @@ _traced_under_a_differentiating_transform._dynamo_marked_constant = True  # type
 
 
 def differentiated_inside_jvp() -> bool:
-    """Whether a torch.func grad or jvp level is active inside a jvp level (jvp of jvp,
-    jvp of grad, hessian). Dynamo calls it while it traces (marked below). 2.11-2.15."""
+    """Return whether a torch.func grad or jvp level is active inside a jvp level (jvp of
+    jvp, jvp of grad, hessian). Dynamo calls this while it traces (marked below). 2.11-2.15."""
     stack = _peek_interpreter_stack() and _interpreter_stack()
     keys = [level.key() for level in stack or () if level.key() in DIFFERENTIATING_TRANSFORMS]
     return JVP_TRANSFORM in keys[:-1]
@@ -738,11 +743,12 @@ differentiated_inside_jvp._dynamo_marked_constant = True  # type: ignore[attr-de
 
 
 def torch_func_level_active() -> bool:
-    """True while a torch.func transform's level is active (forward AD alone does not count).
+    """Return whether a torch.func transform's level is active. Forward AD alone does not count.
 
-    There an ``autograd.Function`` applied from inside an operator's Autograd kernel
-    has no kernel to run (``custom_function_call`` dispatches on the transform's
-    interpreter, already left). Checked on 2.11, 2.13, 2.14 and 2.15.
+    Under such a level, an ``autograd.Function`` applied from inside an operator's
+    Autograd kernel has no kernel to run. ``custom_function_call`` dispatches on the
+    transform's interpreter, which the call has already left. Checked on 2.11, 2.13,
+    2.14 and 2.15.
     """
     return _peek_interpreter_stack() is not None
 
@@ -756,9 +762,9 @@ from torch._functorch.pyfunctorch import (  # noqa: E402
 
 
 def eager_functorch_interpreter():
-    """The innermost torch.func level's interpreter, when a higher-order operator called
-    now would go straight to it: a transform active and no dispatch or torch-function
-    mode, no pre-dispatch tracing, no dynamo. None otherwise. 2.11-2.15
+    """Return the innermost torch.func level's interpreter if a higher-order operator
+    called now would go straight to it, else None. That needs an active transform and no
+    dispatch mode, torch-function mode, pre-dispatch tracing or dynamo. 2.11-2.15
     (``retrieve_current_functorch_interpreter`` since 2.1)."""
     if _peek_interpreter_stack() is None or tracing_active() or len_function_stack():
         return None
@@ -769,24 +775,24 @@ _VmapInterpreterPtr = torch._C._functorch.CVmapInterpreterPtr
 
 
 def eager_vmap_level(selector) -> tuple[int, int] | None:
-    """``(level, batch size)`` of the innermost torch.func level when it is a vmap that
-    batches ``selector`` and a higher-order operator called now would go straight to its
-    rule (as ``eager_functorch_interpreter``); None otherwise. 2.11-2.15 (the C
-    interpreter's ``key``/``level``, ``CVmapInterpreterPtr.batchSize``)."""
+    """Return ``(level, batch size)`` of the innermost torch.func level, or None. It
+    returns them if that level is a vmap that batches ``selector``, and a higher-order
+    operator called now would go straight to its rule (as in ``eager_functorch_interpreter``).
+    2.11-2.15 (the C interpreter's ``key`` and ``level``, ``CVmapInterpreterPtr.batchSize``)."""
     top = _peek_interpreter_stack()
     if top is None or not isinstance(selector, torch.Tensor):
         return None
-    # Only a vmap level batches tensors, so a selector batched at the innermost level
-    # says that level is a vmap without asking its kind (a slow pybind enum compare).
+    # Only a vmap level batches tensors. So a selector batched at the innermost level
+    # shows that the level is a vmap, without a slow pybind enum compare of its kind.
     level = top.level()
     if not batched_at(selector, level) or tracing_active() or len_function_stack():
         return None
     return level, _VmapInterpreterPtr(top).batchSize()
 
 
-# A vmap level set aside and put back: what VmapInterpreter.lower() does (a generator
-# context manager around these two), for the vmap rule's select on the batch's own
-# tensors. 2.11-2.15.
+# These set a vmap level aside and put it back. VmapInterpreter.lower() does the same
+# with a generator context manager around them. The vmap rule uses them for its select
+# on the batch's own tensors. 2.11-2.15.
 pop_vmap_level = torch._C._functorch.pop_dynamic_layer_stack
 push_vmap_level = torch._C._functorch.push_dynamic_layer_stack
 unwrap_dead_tensor = torch._C._functorch.unwrap_if_dead
@@ -796,21 +802,21 @@ _UNEXPORTED_LEVELS = (GRAD_TRANSFORM,) if EXPORT_TRACES_JVP else (GRAD_TRANSFORM
 
 
 def transform_level_active(*keys) -> bool:
-    """True while a torch.func level of one of ``keys`` (``TransformType``) is active.
+    """Return whether a torch.func level of one of ``keys`` (``TransformType``) is active.
     2.11-2.15."""
     stack = _interpreter_stack() if _peek_interpreter_stack() is not None else None
     return any(i.key() in keys for i in stack or ())
 
 
 def unexported_level_active() -> bool:
-    """True while a torch.func level whose tensors torch.export does not record is
-    active: grad (grad, vjp, jacrev, hessian), and jvp before 2.13."""
+    """Return whether a torch.func level is active whose tensors torch.export does not
+    record. These are grad levels (grad, vjp, jacrev, hessian), and jvp levels before 2.13."""
     return transform_level_active(*_UNEXPORTED_LEVELS)
 
 
 def exporting_under_unexported_level() -> bool:
-    """Whether torch.export traces under such a level. Dynamo calls it while it traces
-    (marked below), where it shows no functorch wrappers."""
+    """Return whether torch.export traces under such a level. Dynamo calls this while it
+    traces (marked below), and there it shows no functorch wrappers."""
     return torch.compiler.is_exporting() and unexported_level_active()
 
 
@@ -818,8 +824,8 @@ exporting_under_unexported_level._dynamo_marked_constant = True  # type: ignore[
 
 
 def differentiating_transforms_active() -> bool:
-    """True while a torch.func transform that differentiates (grad, jvp) or a forward-AD
-    level is active; vmap alone differentiates nothing. 2.11-2.15
+    """Return whether a differentiating torch.func transform (grad, jvp) or a forward-AD
+    level is active. vmap alone differentiates nothing. 2.11-2.15
     (``get_interpreter_stack`` lists the levels, outermost first, or is None)."""
     if is_dynamo_compiling():  # dynamo cannot call the stack's C functions
         return _traced_under_a_differentiating_transform()
@@ -830,16 +836,16 @@ def differentiating_transforms_active() -> bool:
     return any(i.key().value in _DIFFERENTIATING_VALUES for i in _interpreter_stack())
 
 
-# The transform kinds' values: comparing pybind enums costs a microsecond each, on
-# every per-example call.
+# The transform kinds' values. Comparing pybind enums costs a microsecond each, on every
+# per-example call.
 _DIFFERENTIATING_VALUES = frozenset(kind.value for kind in DIFFERENTIATING_TRANSFORMS)
 
 
 # --- dispatch modes that trace nothing (modes.py) --------------------------------------
-# At the Python key, HigherOrderOperator.dispatch looks a mode's rule up by the mode's
-# exact type (``python_key_table``); a mode without one gets the operator in its
-# ``__torch_dispatch__`` if it sets ``supports_higher_order_operators``, and otherwise
-# raises. Checked on 2.11, 2.13, 2.14 and 2.15 (the same code on all four).
+# At the Python key, HigherOrderOperator.dispatch looks up a mode's rule by the mode's
+# exact type (``python_key_table``). A mode without a rule gets the operator in its
+# ``__torch_dispatch__`` if it sets ``supports_higher_order_operators``. Otherwise
+# dispatch raises. Checked on 2.11, 2.13, 2.14 and 2.15, with the same code on all four.
 
 from torch.utils._python_dispatch import (  # noqa: E402
     _get_current_dispatch_mode as current_dispatch_mode,
@@ -855,41 +861,42 @@ __all__ += ["current_dispatch_mode", "dispatch_mode_stack", "pop_dispatch_mode"]
 
 
 def pre_dispatch_tracing() -> bool:
-    """A pre-dispatch trace (export's) is active: the PreDispatch key is TLS-included."""
+    """Return whether a pre-dispatch trace (export's) is active.
+    It shows as the PreDispatch key in the TLS include set."""
     return _tls_key_included(_PRE_DISPATCH)
 
 
 def pre_dispatch_tracer():
-    """The fx tracer of the pre-dispatch trace (export's) on its mode stack, or None.
+    """Return the fx tracer of the pre-dispatch trace (export's) on its mode stack, or None.
     Checked on 2.11-2.15."""
     mode = torch._ops._get_dispatch_mode_pre_dispatch(torch._C._TorchDispatchModeKey.PROXY)
     return None if mode is None else mode.tracer
 
 
-# FlopCounterMode counts through a dispatch mode of a private class of its own, with
-# supports_higher_order_operators (2.11-2.15).
+# FlopCounterMode counts through a dispatch mode of its own private class. That class
+# sets supports_higher_order_operators (2.11-2.15).
 from torch.utils.flop_counter import _FlopCounterMode as FlopCounterDispatchMode  # noqa: E402
 
 __all__ += ["FlopCounterDispatchMode"]
 
 
 def count_cond_flops(mode, true_fn: Callable, false_fn: Callable, operands: tuple):
-    """What FlopCounterMode counts for ``torch.cond(_, true_fn, false_fn, operands)``.
+    """Count flops as FlopCounterMode does for ``torch.cond(_, true_fn, false_fn, operands)``.
 
-    ``mode`` (a ``FlopCounterDispatchMode``, popped) runs each function under itself,
-    its counts set aside, then keeps for each module and op the larger of the two
-    (an upper bound; where the counter already held that op for that module, its
-    shallow copies share the count, which then takes both functions' flops).
-    ``_handle_higher_order_ops``' branch for ``higher_order.cond`` is identical on
-    2.11-2.15; it reads no predicate and returns ``true_fn``'s output.
+    ``mode`` is a popped ``FlopCounterDispatchMode``. It counts each function apart and
+    keeps the larger count for each module and op, as an upper bound. If the counter
+    already held that op for that module, its shallow copies share the count, which then
+    takes both functions' flops. ``_handle_higher_order_ops``' branch for
+    ``higher_order.cond`` is identical on 2.11-2.15. It reads no predicate and returns
+    ``true_fn``'s output.
     """
     args = (None, true_fn, false_fn, operands)
     return mode._handle_higher_order_ops(torch.ops.higher_order.cond, [], args, {})
 
 
-# The flag torch sets while a Python-level profiler (torch.profiler.profile,
-# torch.autograd.profiler.profile, emit_nvtx, emit_itt) runs, and reads itself before
-# adding record_function ranges (dynamo, AOTAutograd, inductor); 2.11-2.15.
+# torch sets this flag while a Python-level profiler runs (torch.profiler.profile,
+# torch.autograd.profiler.profile, emit_nvtx, emit_itt). torch reads it before it adds
+# record_function ranges (dynamo, AOTAutograd, inductor). 2.11-2.15.
 import torch.autograd.profiler as _autograd_profiler  # noqa: E402
 
 
@@ -897,19 +904,19 @@ def profiler_enabled() -> bool:
     return _autograd_profiler._is_profiler_enabled
 
 
-# The same flag for C++ (torchcond._C.eager_init): the module and the attribute's name.
+# The same flag for C++ (torchcond._C.eager_init), as the module and the attribute's name.
 PROFILER_FLAG = (_autograd_profiler, "_is_profiler_enabled")
 
 
 @contextlib.contextmanager
 def modules_untracked(mode):
-    """FlopCounterMode's module tracker (of the counter behind ``mode``, a
-    ``FlopCounterDispatchMode``) stops seeing module calls for a while: its forward
-    hooks are removed, then registered again.
+    """Hide module calls from FlopCounterMode's module tracker while active.
 
-    Its forward pre-hook fails on a module called below the Autograd key with inputs
-    that require grad (``register_multi_grad_hook`` finds no grad_fn), as a branch
-    graph is by the rules that run a conditional: torch.cond fails the same way.
+    The tracker belongs to the counter behind ``mode``, a ``FlopCounterDispatchMode``.
+    Its forward hooks are removed, then registered again. Its forward pre-hook fails on a
+    module called below the Autograd key with inputs that require grad, because
+    ``register_multi_grad_hook`` finds no grad_fn. The rules that run a conditional call
+    a branch graph that way, and torch.cond fails the same way.
     ``FlopCounterMode.mod_tracker`` and ModuleTracker's ``_fw_pre_handle``,
     ``_fw_post_handle``, ``_fw_pre_hook`` and ``_fw_post_hook`` are the same on 2.11-2.15.
     """
@@ -928,19 +935,21 @@ def modules_untracked(mode):
         tracker._fw_post_handle = register_module_forward_hook(tracker._fw_post_hook)
 
 
-# torch keeps this one dict for the process (2.11-2.15): bound once, not looked up per
-# branch.
+# torch keeps this one dict for the whole process (2.11-2.15). So it is bound once, not
+# looked up per branch.
 _BUFFER_REGISTRATION_HOOKS = torch.nn.modules.module._global_buffer_registration_hooks
 
 
 class only_buffer_registration_hook:  # a context manager, named as one
-    """While active, ``hook(module, name, value)`` is the one global buffer
-    registration hook: it sees every buffer a module registers or is assigned, and
-    no other hook does (non-strict export's, which maps an assigned buffer to a node
-    of the graph being made, would take a branch's node for one of the program's).
+    """Make ``hook(module, name, value)`` the only global buffer registration hook while active.
+
+    The hook sees every buffer that a module registers or is assigned, and no other hook
+    does. Non-strict export's hook maps an assigned buffer to a node of the graph being
+    made. It would take a branch's node for one of the program's nodes.
     ``torch.nn.modules.module._global_buffer_registration_hooks``, an OrderedDict of
-    hooks by handle id, is the same on 2.11-2.15. A class, not a generator: it is
-    entered around every branch that runs untaken, where a generator's cost shows."""
+    hooks by handle id, is the same on 2.11-2.15. This is a class, not a generator,
+    because it is entered around every branch that runs untaken. There a generator's
+    cost shows."""
 
     __slots__ = ("hook", "saved")
 
@@ -949,7 +958,7 @@ class only_buffer_registration_hook:  # a context manager, named as one
 
     def __enter__(self) -> None:
         hooks = _BUFFER_REGISTRATION_HOOKS
-        self.saved = dict(hooks) if hooks else None  # None: there were none (the usual case)
+        self.saved = dict(hooks) if hooks else None  # None means there were none, the usual case
         hooks.clear()
         hooks[-1] = self.hook
 

@@ -1,6 +1,6 @@
-"""Run a callback once a module has been imported, without importing it ourselves.
+"""Run a callback once a module is imported, without importing it ourselves.
 
-Dynamo and Inductor cost most of a second to import. torchcond registers its hooks
+Dynamo and Inductor take most of a second to import. torchcond registers its hooks
 into them only when the user's program loads them (see ``dynamo.py``, ``inductor.py``).
 """
 
@@ -14,7 +14,7 @@ from types import ModuleType
 
 
 def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
-    """``callback(module)`` now if ``name`` is loaded, else right after it loads."""
+    """Call ``callback(module)`` now if ``name`` is loaded, or right after it loads."""
     module = sys.modules.get(name)
     if module is not None:
         callback(module)
@@ -23,7 +23,7 @@ def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` once ``name`` has been imported, then steps aside."""
+    """Runs ``callback(module)`` once ``name`` is imported, then removes itself."""
 
     def __init__(self, name, callback):
         self.name = name

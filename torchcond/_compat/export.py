@@ -1,13 +1,13 @@
-"""torch.export hook: branch placeholders take the exported program's input names.
+"""A torch.export hook that gives branch placeholders the exported program's input names.
 
 After tracing, export renames the top-level placeholders (``p_lin_weight``, ``x``,
-...) and, in ``torch._export.utils._name_hoo_subgraph_placeholders``, propagates those
-names into the subgraphs of torch's own higher-order operators, chosen by name. We
-wrap that pass so our operators' branch graphs get the same treatment: a branch then
-reads ``x``, ``p_lin_weight`` instead of ``arg0_1``, ``arg0_2``.
+...). The pass ``torch._export.utils._name_hoo_subgraph_placeholders`` then copies
+those names into the subgraphs of torch's own higher-order operators, which it picks
+by name. We wrap that pass so that our operators' branch graphs get the same names.
+A branch then reads ``x`` and ``p_lin_weight`` instead of ``arg0_1`` and ``arg0_2``.
 
 Checked on torch 2.11.0, 2.13.0, 2.14.1 and 2.15.0. If the pass moves, nothing is
-renamed (the graphs stay correct, only less readable).
+renamed. The graphs stay correct but are less readable.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import defaultdict
 import torch
 
 _PASS = "_name_hoo_subgraph_placeholders"
-# Modules that bound the pass by name when they were imported.
+# These modules import the pass by name, so each one needs the wrapper set on it.
 _BINDERS = ("torch._export.utils", "torch.export.exported_program")
 
 
@@ -30,7 +30,7 @@ def install(op_names: frozenset[str]) -> None:
         getattr(utils, "_build_cache", None),
         getattr(utils, "_rename_without_collisions", None),
     )
-    if original is None or None in helpers or original.__module__ == __name__:  # installed
+    if original is None or None in helpers or original.__module__ == __name__:  # already installed
         return
 
     def name_subgraph_placeholders(gm: torch.fx.GraphModule) -> None:
@@ -51,7 +51,7 @@ def install(op_names: frozenset[str]) -> None:
 
 
 def _take_operand_names(subgraph, operands, build_cache, rename_without_collisions) -> None:
-    """Placeholder i takes operand i's name; other nodes are renamed around them."""
+    """Give placeholder i the name of operand i, and rename other nodes to avoid clashes."""
     name_map: dict[str, str] = {}
     find_available: dict[str, int] = defaultdict(int)
     used_names: set[str] = set()
@@ -62,7 +62,7 @@ def _take_operand_names(subgraph, operands, build_cache, rename_without_collisio
             operand = operands[i] if i < len(operands) else None
             if isinstance(operand, torch.fx.Node):
                 name = operand.name
-                if name in used_names:  # one tensor passed as two operands: x, x_1
+                if name in used_names:  # one tensor passed twice becomes x and x_1
                     name = rename_without_collisions(
                         name_map, find_available, used_names, node.name, name
                     )

@@ -1,29 +1,29 @@
-"""Inductor support: torchcond's operators lower to Inductor's conditional IR.
+"""Inductor support. torchcond's operators lower to Inductor's conditional IR.
 
-``torchcond_cond`` lowers exactly as torch's cond does: one conditional IR node whose
-branches are lowered as subgraphs, emitted by the wrapper as ``if pred: ... else:``
-around calls of the compiled branch functions. Nothing runs through Python per call
-but the wrapper's own ``if``.
+``torchcond_cond`` lowers exactly as torch's cond does. It becomes one conditional IR
+node, and its branches are lowered as subgraphs. The wrapper emits the node as
+``if pred: ... else:`` around calls of the compiled branch functions. Per call, only
+the wrapper's own ``if`` runs in Python.
 
-Two shapes of that IR exist. torch 2.11 and 2.13 have the two-way ``ir.Conditional``;
+That IR has two forms. torch 2.11 and 2.13 have the two-way ``ir.Conditional``.
 torch 2.14 replaced it with the N-way ``ir.Switch`` (``if i == 0: ... elif i == 1: ...
-else: ...``, with ``torch.cond`` as the two-branch case), which torch 2.15 keeps. With
-``ir.Switch``, ``torchcond_switch`` lowers to one node over the clamped index. With
-``ir.Conditional`` it has no N-way counterpart, so it lowers to a chain of them:
-``switch(i, b0, b1, ..., bn)`` is ``b0 if i <= 0 else switch(i - 1, b1, ..., bn)``,
-the inner switch living in a small synthesized subgraph that takes the index as an
-extra input (and lowers through this same rule). That keeps the clamping semantics (a
-negative index takes ``b0``, a too-large one the last branch) without a clamp. A
-tensor index that is not on the CPU is copied to the host once at the top, so the
-chain costs one device sync, as a cond does.
+else: ...``), and torch 2.15 keeps it. ``torch.cond`` is its two-branch case. With
+``ir.Switch``, ``torchcond_switch`` lowers to one node over the clamped index.
+``ir.Conditional`` has no N-way form, so there the switch lowers to a chain of them:
+``switch(i, b0, b1, ..., bn)`` is ``b0 if i <= 0 else switch(i - 1, b1, ..., bn)``.
+The inner switch lives in a small synthesized subgraph. That subgraph takes the index
+as an extra input and lowers through this same rule. The chain keeps the clamping
+semantics without a clamp. A negative index takes ``b0``, and a too-large one takes
+the last branch. A tensor index that is not on the CPU is copied to the host once at
+the top. The chain then costs one device sync, as a cond does.
 
-Also here: Inductor's fake-tensor updater learns which arguments our branches take
-(otherwise it warns once per compile and re-propagates them without inputs), a tensor
-constant a branch makes among them.
+This module also tells Inductor's fake-tensor updater which arguments our branches
+take. Without that, the updater warns once per compile and re-propagates the branches
+without inputs. These arguments can include a tensor constant that a branch makes.
 
-Checked on torch 2.11.0, 2.13.0 (``ir.Conditional``), 2.14.1 and 2.15.0
-(``ir.Switch``): both ``create``s read the operands' fake values from
-``V.graph.current_node.args[-1]``, which is why the chain's links are created under a
+Checked on torch 2.11.0 and 2.13.0 (``ir.Conditional``), and on 2.14.1 and 2.15.0
+(``ir.Switch``). Both ``create`` methods read the operands' fake values from
+``V.graph.current_node.args[-1]``. That is why the chain's links are created under a
 stand-in node whose last argument lists the extra input.
 """
 
@@ -45,8 +45,8 @@ _FX_UTILS = "torch._inductor.fx_utils"
 def install(cond_op, switch_op, in_place) -> None:
     """Register the lowerings once Inductor's lowering table is imported.
 
-    ``in_place(node, branch_graphs)`` (reinplace.py) gives branch graphs that write to
-    operands in place, and which outputs they no longer return, or None.
+    ``in_place(node, branch_graphs)`` comes from reinplace.py. It returns None, or branch
+    graphs that write to operands in place together with the outputs they no longer return.
     """
     when_imported(
         _LOWERING, lambda lowering: _register_lowerings(lowering, cond_op, switch_op, in_place)
@@ -55,7 +55,7 @@ def install(cond_op, switch_op, in_place) -> None:
 
 
 def _register_lowerings(lowering, cond_op, switch_op, in_place) -> None:
-    """Each operator's lowering, bound to it and to reinplace.py's ``in_place``."""
+    """Register each operator's lowering, bound to it and to reinplace.py's ``in_place``."""
     cond_rule = functools.partial(_lower_cond, lowering, cond_op, in_place)
     switch_rule = functools.partial(_lower_switch, lowering, switch_op, in_place)
     lowering.register_lowering(cond_op, type_promotion_kind=None)(cond_rule)
@@ -70,7 +70,7 @@ def _lower_cond(lowering, cond_op, in_place, pred, true_subgraph, false_subgraph
     (true_subgraph, false_subgraph), written = _writing_in_place(
         in_place, [true_subgraph, false_subgraph]
     )
-    # An output written back into its operand is the operand: copy_ skips it.
+    # An output written back into its operand is that operand, so copy_ skips it.
     outputs = _conditional(pred, true_subgraph, false_subgraph, operands)
     return outputs + [operands[w] for w in written]
 
@@ -86,15 +86,15 @@ def _lower_switch(lowering, switch_op, in_place, index, *branches_then_operands)
         branches, written = _writing_in_place(in_place, branches)
         return _n_way_switch(lowering, index, branches, operands) + [operands[w] for w in written]
     if len(branches) == 1:
-        # A one-branch switch: both sides of the conditional are that branch.
+        # A switch with one branch puts that branch on both sides of the conditional.
         only = branches[0]
         branches = [only, ir.Subgraph(name=f"{node.name}_only", graph_module=only.graph_module)]
     return _switch_chain(lowering, switch_op, node, index, branches, operands)
 
 
 def _switch_chain(lowering, switch_op, node, index, branches, operands):
-    """``ir.Conditional``'s switch: b0 if the index is at most 0, else a subgraph
-    holding ``switch(index - 1, b1, ..., bn)``."""
+    """Lower a switch to ``ir.Conditional``. It takes b0 if the index is at most 0, and
+    otherwise a subgraph that holds ``switch(index - 1, b1, ..., bn)``."""
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -111,22 +111,22 @@ def _switch_chain(lowering, switch_op, node, index, branches, operands):
 
 
 def _n_way() -> bool:
-    """torch 2.14 replaced ir.Conditional with the N-way ir.Switch."""
+    """Return whether Inductor has the N-way ir.Switch, new in torch 2.14."""
     from torch._inductor import ir
 
     return hasattr(ir, "Switch")
 
 
 def _branches_may_write() -> bool:
-    """Branches that write to an operand: ir.Conditional orders them with the operand's
-    readers (a MutationOutput per written operand) from torch 2.13 on, ir.Switch too
-    (checked on 2.13.0, 2.14.1, 2.15.0; 2.11.0's ir.Conditional does not)."""
+    """Return whether branches may write to operands. ir.Switch, and ir.Conditional from
+    torch 2.13 on, order those writes with the operand's readers (one MutationOutput per
+    written operand). Checked on 2.13.0, 2.14.1 and 2.15.0. 2.11.0's ir.Conditional does not."""
     return _n_way() or TORCH_VERSION >= (2, 13)
 
 
 def _disable_cudagraphs_if_on_gpu(lowering, op_name, values) -> None:
-    """Inductor's cudagraph trees cannot record a host-side branch: same reason, same
-    flag as torch.cond's lowering."""
+    """Disable cudagraphs when a value is on the GPU, because cudagraph trees cannot record
+    a host-side branch. torch.cond's lowering sets the same flag for the same reason."""
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -142,8 +142,8 @@ def _disable_cudagraphs_if_on_gpu(lowering, op_name, values) -> None:
 
 
 def _writing_in_place(in_place, subgraphs):
-    """The branches, writing in place what the graph only writes back, and the
-    operands that stand for the outputs they no longer return (in order)."""
+    """Return the branches rewritten to write in place what the graph only writes back.
+    Also return, in order, the operands that stand for the outputs they no longer return."""
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -174,8 +174,8 @@ def _conditional(pred, true_subgraph, false_subgraph, operands):
 def _n_way_switch(lowering, index, branches, operands):
     from torch._inductor import ir
 
-    # ir.Switch takes the last branch for any index it does not list, negative ones
-    # included: clamping first keeps a negative index on the first branch.
+    # ir.Switch takes the last branch for any index it does not list, including negative
+    # ones. Clamping first keeps a negative index on the first branch.
     index = _clamped(lowering, index, len(branches))
     with _no_donated_branch_inputs():
         outputs = ir.Switch.create(index, list(branches), list(operands))
@@ -185,14 +185,14 @@ def _n_way_switch(lowering, index, branches, operands):
 
 @contextlib.contextmanager
 def _no_donated_branch_inputs():
-    """While the branch graphs are lowered, no input of theirs is a donated buffer.
+    """Lower the branch graphs with no donated input buffers.
 
-    Inductor lowers each branch graph with the backward graph's donated-buffer
-    positions (``fw_metadata.bw_donated_idxs``, read when a graph is made), so a
-    branch input at such a position, a gradient say, was reused in place. Another
-    input that is the same tensor then read the result (2.11 and 2.13; the field is
-    the same on 2.14 and 2.15). The positions are put back afterwards, so the
-    backward graph itself still donates its buffers.
+    Inductor lowers each branch graph with the backward graph's donated-buffer positions.
+    It reads them from ``fw_metadata.bw_donated_idxs`` when it makes a graph. Without
+    this, a branch input at such a position, such as a gradient, is reused in place.
+    Another input that is the same tensor then reads the overwritten value. This happens
+    on 2.11 and 2.13, and the field is the same on 2.14 and 2.15. The positions are
+    restored afterwards, so the backward graph itself still donates its buffers.
     """
     from torch._guards import TracingContext
 
@@ -213,7 +213,8 @@ _HOST = torch.device("cpu")
 
 
 def _on_host(lowering, index, index_value):
-    """The chain reads the index once per link: a device index would sync each time."""
+    """Copy a device index to the host. The chain reads the index once per link, and a
+    device index would sync each time."""
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -225,8 +226,8 @@ def _on_host(lowering, index, index_value):
 
 
 def _bindable(lowering, index, index_value):
-    """A subgraph input binds a plain symbol only (``u0``, not ``min(2, u0)``), so a
-    compound symbolic index enters the chain as a host tensor."""
+    """Turn a compound symbolic index into a host tensor. A subgraph input binds only a
+    plain symbol (``u0``, not ``min(2, u0)``)."""
     import sympy
     from torch._inductor.virtualized import V
 
@@ -240,12 +241,12 @@ def _bindable(lowering, index, index_value):
 
 
 def _refuse_unbound_predicate(op_name: str, node: torch.fx.Node, pred) -> None:
-    """A graph input such as ``Sym(zuf0 > 0.0)`` cannot be read by Inductor's wrapper.
+    """Raise on a predicate input such as ``Sym(zuf0 > 0.0)``. Inductor's wrapper cannot read it.
 
-    That happens in a backward graph when the forward's predicate came from
-    ``.item()``: the partitioner saves the relation itself, and Inductor binds only
-    plain symbols from graph inputs, so the compiled code would fail with a NameError
-    on its first call (torch.cond fails the same way on 2.13).
+    Such an input appears in a backward graph when the forward's predicate came from
+    ``.item()``. The partitioner saves the relation itself, but Inductor binds only plain
+    symbols from graph inputs. The compiled code would fail with a NameError on its
+    first call. torch.cond fails the same way on 2.13.
     """
     import sympy
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -272,12 +273,12 @@ def _refuse_unbound_predicate(op_name: str, node: torch.fx.Node, pred) -> None:
 def _depend_on_predicate_symbols(pred, outputs) -> None:
     """Keep alive the ``.item()`` that defines a data-dependent predicate's symbol.
 
-    A symbolic predicate is a sympy relation (``u0 > 0``), which is not a sympy
-    ``Expr``; ``ExternKernel.get_free_symbol_uses`` only collects symbols from
-    ``Expr`` arguments, so the scheduler drops the node that defines ``u0`` and the
-    wrapper reads an undefined name (torch.cond fails the same way on 2.13). Listing
-    the predicate's symbols as constant arguments (which the conditional's codegen
-    never prints) records the dependency.
+    A symbolic predicate is a sympy relation (``u0 > 0``), which is not a sympy ``Expr``.
+    ``ExternKernel.get_free_symbol_uses`` collects symbols only from ``Expr`` arguments.
+    The scheduler then drops the node that defines ``u0``, and the wrapper reads an
+    undefined name. torch.cond fails the same way on 2.13. Listing the predicate's
+    symbols as constant arguments records the dependency. The conditional's codegen
+    never prints them.
     """
     import sympy
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -295,8 +296,8 @@ def _fx_value(arg):
 
 
 def _clamped(lowering, index, num_branches: int):
-    """``index`` clamped to ``[0, num_branches - 1]``, as a tensor or a sympy expression:
-    switch's index rule (``_src/kinds.py``, ``clamp_index``) in Inductor's IR."""
+    """Clamp ``index`` to ``[0, num_branches - 1]`` as a tensor or a sympy expression.
+    This is switch's index rule (``clamp_index`` in ``_src/kinds.py``) in Inductor's IR."""
     import sympy
     from torch._inductor import ir
 
@@ -308,7 +309,7 @@ def _clamped(lowering, index, num_branches: int):
 
 
 def _at_most(lowering, index, bound: int):
-    """``index <= bound`` as Inductor's predicate: a bool tensor or a sympy condition."""
+    """Return ``index <= bound`` as Inductor's predicate, a bool tensor or a sympy condition."""
     import sympy
     from torch._inductor import ir
 
@@ -318,7 +319,7 @@ def _at_most(lowering, index, bound: int):
 
 
 class _LinkBuilder:
-    """Builds the graphs of one link of a switch chain: operands, then the index."""
+    """Builds the graphs of one link of a switch chain. They take the operands, then the index."""
 
     def __init__(self, node: torch.fx.Node, operand_values, index_value):
         self.node = node
@@ -336,7 +337,7 @@ class _LinkBuilder:
         return inputs[:-1], inputs[-1]
 
     def ignoring_index(self, branch) -> torch.fx.GraphModule:
-        """The branch's graph, taking the index as a last, unused input."""
+        """Return the branch's graph with the index as an extra, unused last input."""
         graph = torch.fx.Graph()
         outputs = graph.graph_copy(branch.graph_module.graph, {})
         inputs = [n for n in graph.nodes if n.op == "placeholder"]
@@ -347,7 +348,7 @@ class _LinkBuilder:
         return torch.fx.GraphModule(branch.graph_module, graph)
 
     def rest(self, switch_op, branches) -> torch.fx.GraphModule:
-        """``(*operands, index) -> switch(index - 1, *branches, operands)``."""
+        """Return the graph ``(*operands, index) -> switch(index - 1, *branches, operands)``."""
         graph = torch.fx.Graph()
         operands, index = self._placeholders(graph)
         shifted = graph.call_function(self._minus_one_target(), (index, 1))
@@ -365,7 +366,7 @@ class _LinkBuilder:
         return torch.fx.GraphModule({n: b.graph_module for n, b in zip(names, branches)}, graph)
 
     def stand_in(self, switch_op) -> torch.fx.Node:
-        """A node like the switch being lowered whose operands end with the index."""
+        """Return a node like the switch being lowered, whose operands end with the index."""
         graph = torch.fx.Graph()
         operands, index = self._placeholders(graph)
         stand_in = graph.call_function(switch_op, (index, (*operands, index)))
@@ -382,8 +383,8 @@ def _teach_subgraph_args(fx_utils, ops) -> None:
     """Tell Inductor's fake-tensor updater that every branch takes the operands.
 
     torch 2.13 looks up each higher-order operator's subgraph arguments in
-    ``_extract_subgraphs_and_args``; an unknown operator gets a warning per compile.
-    torch 2.11 has no such table (and no warning): nothing to do.
+    ``_extract_subgraphs_and_args``. An unknown operator gets a warning per compile.
+    torch 2.11 has no such table and no warning, so this does nothing there.
     """
     original = getattr(fx_utils, "_extract_subgraphs_and_args", None)
     if original is None or original.__module__ == __name__:  # absent, or ours already
@@ -403,12 +404,12 @@ def _teach_subgraph_args(fx_utils, ops) -> None:
 
 
 def _fake_of(operand, placeholder: torch.fx.Node):
-    """What the updater compares with a branch input's value.
+    """Return the value that the updater compares with a branch input's value.
 
-    A tensor constant a branch makes (``torch.tensor(2.0)``) is lifted into the
-    operands: the branch input's value is then the real tensor, while the operand's
-    is a fake one, and the updater refuses two values of different types. A constant
-    never changes: the input's own value.
+    A tensor constant that a branch makes (``torch.tensor(2.0)``) is lifted into the
+    operands. The branch input's value is then the real tensor, but the operand's value
+    is fake. The updater refuses two values of different types. A constant never
+    changes, so for a constant this returns the input's own value.
     """
     value = placeholder.meta.get("val")
     return value if _is_constant(value) or _is_constant(operand) else operand

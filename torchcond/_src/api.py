@@ -1,8 +1,9 @@
-"""``cond`` and ``switch``: validate, take the eager fast path, or call the operator.
+"""The public ``cond`` and ``switch`` functions.
 
-Eager (real tensors, no mode, no dynamo, predicate readable on the host) is a Python
-``if``: read the predicate, call the taken branch, done. Everything else flattens the
-operand pytree and calls the higher-order operator, whose rules live in ``ops.py``.
+A plain eager call runs as a Python ``if``. It reads the predicate on the host and
+calls the taken branch. Such a call has real tensors, no mode, no dynamo, and a
+predicate the host can read. Every other call flattens the operand pytree and calls
+the higher-order operator. The operator's rules live in ``ops.py``.
 """
 
 from __future__ import annotations
@@ -33,26 +34,27 @@ from .ops import call, cond_op, kind_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
 from .strategies import Strategy
 
-# A branch's return type is the conditional's: the branches must agree on it.
+# The conditional returns what its branches return, so they must agree on the type.
 _Out = TypeVar("_Out")
 
 _Tensor = torch.Tensor
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
-# The eager fast path: every check that a Python `if` gives what the conditional would
-# (a plain tensor selector read on the host, plain tensor operands, no dispatch or
-# torch-function mode, no CUDA graph capturing on the selector's device, no profiler,
-# no torch.jit trace), then the selector read, in one C call (csrc/eager.cpp): the
-# branch to call, or None for the slow path, which decides precisely.
-# Its readability checks mirror host.host_readable(selector, PLAIN), inlined in C for
-# speed; test/test_host_readable.py checks that the two agree.
+# The eager fast path is one C call (csrc/eager.cpp). It checks that a Python `if`
+# gives what the conditional would. That needs a plain tensor selector the host can
+# read, plain tensor operands, no dispatch or torch-function mode, no CUDA graph
+# capturing on the selector's device, no profiler, and no torch.jit trace. The call
+# then reads the selector and returns the branch to call. It returns None to leave
+# the call to the slow path, which decides precisely.
+# The readability checks mirror host.host_readable(selector, PLAIN), inlined in C for
+# speed. test/test_host_readable.py checks that the two agree.
 _C.eager_init(*_compat.PROFILER_FLAG, torch.cuda.is_current_stream_capturing)
 _taken_branch = _C.taken_branch
 _taken_case = _C.taken_case
-# A profiler runs: the slow path adds the conditional's ranges (``_general_path``).
+# Under a profiler, the slow path records the conditional's ranges (``_general_path``).
 _profiling = _compat.profiler_enabled
-# Module-level names for what the dynamo path reads: a compiled function guards on
-# every global its trace touched, and reaching ``torch`` through this module as well
-# as through the user's would add an alias guard (a Python lambda) to every call.
+# The dynamo path reads only module-level names such as these. A compiled function
+# guards on every global that its trace touched. Reaching ``torch`` through this module
+# as well as through the user's would add an alias guard, a Python lambda, to every call.
 _BOOL = torch.bool
 _COND, _SWITCH = kind_of(cond_op), kind_of(switch_op)
 
@@ -80,39 +82,41 @@ def cond(
         operands: a tuple or list of pytrees whose leaves are tensors.
         strategy: ``"auto"`` (default) or ``"select"``; see below.
         check_branches: in eager mode, first trace every branch as ``torch.export``
-            would (fake tensors, symbolic shapes: no real data read or written) and
-            raise what it would raise, such as a :class:`BranchMismatchError` from a
-            branch this call does not take. Off by default: it costs a trace per call.
+            would, on fake tensors with symbolic shapes. No real data is read or
+            written. Raise what the trace raises, such as a
+            :class:`BranchMismatchError` from a branch this call does not take. It is
+            off by default because it costs a trace per call.
 
-    With ``strategy="auto"``, in eager mode only the taken branch runs, exactly as a
-    Python ``if``; under tracing (``make_fx``, ``torch.export``, fake tensors) both
-    branches are traced into a single ``torch.ops.higher_order.torchcond_cond``
+    With ``strategy="auto"``, eager mode runs only the taken branch, exactly as a
+    Python ``if`` does. Under tracing (``make_fx``, ``torch.export``, fake tensors),
+    both branches are traced into a single ``torch.ops.higher_order.torchcond_cond``
     node. Under ``torch.vmap`` with a predicate that differs per example, and while
-    a CUDA graph is being captured, it runs both branches and selects on the device.
+    a CUDA graph is being captured, both branches run and the device selects.
 
-    With ``strategy="select"`` both branches always run and every output element is
-    picked on the device by one fused select: the predicate is never read on the
-    host (no device sync). Both branches must then return the same shapes, and may
-    not write in place to anything they did not create (``BranchMutationError``).
+    With ``strategy="select"``, both branches always run. One fused select picks
+    every output element on the device. The host never reads the predicate, so
+    there is no device sync. Both branches must then return the same shapes. They
+    may not write in place to anything they did not create (``BranchMutationError``).
 
     Returns:
-        What the taken branch returns, in the pytree structure it returns. Eagerly
-        that is the branch's own result (an identity branch returns the operand
-        itself); traced, every output is a fresh tensor.
+        What the taken branch returns, in the same pytree structure. In eager mode
+        this is the branch's own result, so an identity branch returns the operand
+        itself. When traced, every output is a fresh tensor.
 
     Raises:
         CondArgumentError: an argument has the wrong type, shape or value, such as a
-            predicate with several elements or a branch that is not callable. Checked
-            in every mode, eager included.
-        BranchMismatchError: when traced (or eagerly with ``check_branches=True``),
-            the branches return different pytree structures, dtypes, devices, layouts
-            or ranks; with ``strategy="select"``, different shapes.
+            predicate with several elements or a branch that is not callable. This is
+            checked in every mode, eager included.
+        BranchMismatchError: the branches return different pytree structures,
+            dtypes, devices, layouts or ranks. This is checked when traced, or eagerly
+            with ``check_branches=True``. With ``strategy="select"``, the shapes must
+            match too.
         BranchMutationError: a traced branch, or one that runs whether or not it is
             taken (``strategy="select"``), writes in place to an operand or to a
             tensor it closes over.
 
     Examples:
-        Eagerly, a Python ``if``: only the taken branch runs.
+        In eager mode ``cond`` is a Python ``if``, and only the taken branch runs.
 
         >>> x = torch.tensor([1.0, -2.0, 3.0])
         >>> torchcond.cond(x.sum() > 0, torch.cos, torch.sin, (x,))
@@ -130,8 +134,8 @@ def cond(
         >>> out["y"]
         tensor([ -9., -12.,  -7.])
 
-        With ``strategy="select"`` both branches run and each element is picked on
-        the device, so the predicate is never read on the host:
+        With ``strategy="select"``, both branches run and the device picks each
+        element, so the host never reads the predicate:
 
         >>> torchcond.cond(x.sum() > 0, torch.cos, torch.sin, (x,), strategy="select")
         tensor([ 0.5403, -0.4161, -0.9900])
@@ -151,7 +155,7 @@ def cond(
         if fn is not None:
             try:
                 return fn(*operands)
-            except TypeError as error:  # free when nothing is raised
+            except TypeError as error:  # costs nothing when nothing is raised
                 label = "true_fn" if bool(pred) else "false_fn"
                 raise_if_arity_error(error, fn, label, operands)
                 raise
@@ -168,8 +172,8 @@ def switch(
 ) -> _Out:
     """Return ``branches[clamp(index, 0, len(branches) - 1)](*operands)``.
 
-    Like ``jax.lax.switch``, an out-of-range index is clamped, in every mode: a
-    negative index takes ``branches[0]``, a too-large one takes ``branches[-1]``.
+    As in ``jax.lax.switch``, an out-of-range index is clamped in every mode. A
+    negative index takes ``branches[0]``, and a too-large one takes ``branches[-1]``.
 
     Args:
         index: a Python int, a ``SymInt``, or a one-element tensor of integer dtype.
@@ -184,10 +188,11 @@ def switch(
 
     Raises:
         CondArgumentError: an argument has the wrong type, shape or value, such as an
-            index of a non-integer dtype or an empty ``branches``. Checked in every
-            mode, eager included.
-        BranchMismatchError: when traced (or eagerly with ``check_branches=True``),
-            the branches disagree on their outputs, as for :func:`cond`.
+            index of a non-integer dtype or an empty ``branches``. This is checked in
+            every mode, eager included.
+        BranchMismatchError: the branches disagree on their outputs, as for
+            :func:`cond`. This is checked when traced, or eagerly with
+            ``check_branches=True``.
         BranchMutationError: as for :func:`cond`.
 
     Examples:
@@ -196,7 +201,7 @@ def switch(
         >>> torchcond.switch(torch.tensor(1), branches, (x,))
         tensor([ 10., -20.])
 
-        An out-of-range index is clamped, not an error:
+        An out-of-range index is clamped. It is not an error:
 
         >>> torchcond.switch(torch.tensor(7), branches, (x,))  # branches[2]
         tensor([-1.,  2.])
@@ -228,22 +233,21 @@ def switch(
 
 
 def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
-    """The call as dynamo traces it. Dynamo speculates the branches itself and inlines
-    constant predicates (_compat/dynamo.py). It sees a SymBool as a bool, so this path
-    is separate.
+    """Run ``cond`` while dynamo traces it.
 
-    Every global this function touches becomes a guard that the compiled code checks
-    on each call. So it stays short and reads only module-level names. (An alias
-    guard, for ``torch`` reached through a second module, is a Python lambda.)
+    Dynamo speculates the branches itself and inlines constant predicates
+    (_compat/dynamo.py). It sees a SymBool as a bool, so this path is separate. Every
+    global this function reads becomes a guard on each call, so it reads only
+    module-level names.
     """
     try:
         strategy = _inline_inside_jvp(strategy)
-        if strategy != "auto":  # "select" (or a bad value): the shared path checks it all
+        if strategy != "auto":  # the shared path checks "select" and bad values
             return _general_path(_COND, pred, (true_fn, false_fn), operands, strategy)
         check_callables((true_fn, false_fn), ("true_fn", "false_fn"))
         _check_operands(operands)
-        # A Python number picks the branch; anything else is checked as eagerly
-        # (dynamo's isinstance takes a SymBool for a bool, a SymInt for an int).
+        # A Python number picks the branch. Anything else gets the eager checks.
+        # Dynamo's isinstance takes a SymBool for a bool and a SymInt for an int.
         pred = python_scalar(pred)
         if isinstance(pred, _Tensor) or not isinstance(pred, (bool, int, float)):
             pred = normalize_pred(pred)
@@ -254,14 +258,14 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
 
 
 def _switch_under_dynamo(index, branches, operands, strategy):
-    """As ``_cond_under_dynamo``; the graph holds the clamped index, as in other modes."""
+    """Run ``switch`` while dynamo traces it. The graph holds the clamped index."""
     try:
         strategy = _inline_inside_jvp(strategy)
         if strategy != "auto":
             return _general_path(_SWITCH, index, branches, operands, strategy)
         branches = check_branch_list(branches)
         _check_operands(operands)
-        # A SymInt is an int to dynamo's isinstance: normalize_index clamps either.
+        # Dynamo's isinstance takes a SymInt for an int. normalize_index clamps both.
         index = normalize_index(python_scalar(index), len(branches))
         labelled = tuple(zip(branches, switch_labels(len(branches))))
         return _operator_under_dynamo(switch_op, index, labelled, operands)
@@ -270,14 +274,9 @@ def _switch_under_dynamo(index, branches, operands, strategy):
 
 
 def _inline_inside_jvp(strategy):
-    """``"select"`` instead of ``"auto"`` where a grad or jvp level is active inside a
-    jvp level (jvp of jvp, jacfwd of jacrev, hessian).
-
-    There the operator's node would be wrong. The code dynamo compiles around it
-    expects a tangent at the outer jvp level for every derivative. But the branch, run
-    eagerly, gives no tangent for a constant derivative (that of ``2 * x``). Every
-    branch inlined, then selected, is plain code, and it agrees.
-    """
+    """Use ``"select"`` for ``"auto"`` under a grad or jvp level inside a jvp (hessian).
+    There the operator's node lacks the outer tangent of a constant derivative, such as
+    that of ``2 * x``. Inlined branches and a select are plain code and give it."""
     if strategy == "auto" and _compat.differentiated_inside_jvp():
         return "select"
     return strategy
@@ -292,21 +291,21 @@ def _operator_under_dynamo(
     may_write=True,
     speculate_only=False,
 ):
-    """``op`` as dynamo speculates it. The operands are flat, each branch takes them
-    flat (``pytrees.speculated``), and dynamo rebuilds the output. This runs only while
-    dynamo traces; dynamo's hook for the operator (_compat/dynamo.py) runs instead of
-    ``op``.
+    """Call ``op`` as dynamo speculates it, with flat operands.
 
-    ``may_write=False``: the branches all run, taken or not (the select path), so the
-    hook refuses their writes to anything from outside them. ``speculate_only``: the
-    hook checks the branches and emits no node. Both are the hook's keywords, not the
-    operator's, so each is passed only when set.
+    Each branch takes the operands flat (``pytrees.speculated``), and dynamo rebuilds
+    the output. Dynamo's hook for the operator (_compat/dynamo.py) runs in place of
+    ``op``. Pass ``may_write=False`` when every branch runs, as on the select path.
+    The hook then refuses branch writes to anything from outside them. With
+    ``speculate_only``, the hook checks the branches and emits no node. Both are
+    keywords of the hook, not of the operator, so each is passed only when set.
     """
     kw: dict = {} if may_write else {"may_write": False}
     if speculate_only:
         kw["speculate_only"] = True
     spec = None
-    if not _tensor_sequence(operands):  # nothing to flatten: no pytree code in the trace
+    # Flat tensor operands skip the flattening, which keeps pytree code out of the trace.
+    if not _tensor_sequence(operands):
         flat, spec = pytree.tree_flatten(operands)
         operands = tuple(flat)
     branches = [speculated(fn, label, spec, leaves_only) for fn, label in labelled_branches]
@@ -317,9 +316,8 @@ def _operator_under_dynamo(
 def _general_path(
     kind: ConditionalKind, selector, branches, operands, strategy="auto", check_branches=False
 ):
-    """Checks the arguments and routes the call (``_check_and_route``). The eager fast
-    path in ``cond`` and ``switch`` has already taken the common case. Under a
-    profiler, the call runs in a range named after it."""
+    """Check the arguments and route the call, in a profiler range when a profiler runs.
+    The eager fast path in ``cond`` and ``switch`` has already taken the common case."""
     if not _dynamo_compiling() and _profiling():
         with torch.autograd.profiler.record_function(f"torchcond.{kind.name}"):
             return _check_and_route(kind, selector, branches, operands, strategy, check_branches)
@@ -327,7 +325,7 @@ def _general_path(
 
 
 def _check_and_route(kind: ConditionalKind, selector, branches, operands, strategy, check_branches):
-    """Checks the arguments, then routes the call. It goes to the select path, to the
+    """Check the arguments, then route the call. It goes to the select path, to the
     taken branch when the selector is a constant or the host can read it, or else to
     the operator."""
     branches = kind.check_branches(branches)
@@ -348,7 +346,7 @@ def _check_and_route(kind: ConditionalKind, selector, branches, operands, strate
             taken = kind.taken_index(selector, n)
             return _run_concrete(kind, labelled, taken, operands, check_branches)
         selector = kind.tensor_selector(selector, n)
-    else:  # symbolic, or a type nobody takes: normalize says so
+    else:  # symbolic, or a bad type that normalize reports
         selector = kind.normalize(selector, n)
     return _call_operator(kind.op, selector, labelled, operands)
 
@@ -356,22 +354,22 @@ def _check_and_route(kind: ConditionalKind, selector, branches, operands, strate
 def _run_concrete(
     kind: ConditionalKind, labelled_branches, taken: int, operands, check_branches: bool
 ):
-    """The taken branch, run as a Python `if` would; with ``check_branches``, every
-    branch is first checked on fake tensors as tracing would check it."""
+    """Run the taken branch as a Python ``if`` would. With ``check_branches``, first
+    check every branch on fake tensors, as tracing would."""
     if check_branches:
         _check_every_branch(kind, labelled_branches, operands)
     fn, label = labelled_branches[taken]
     if not _dynamo_compiling() and _profiling():
-        # The taken branch's range, inside the call's: ``torchcond.cond/true_fn``,
-        # ``torchcond.switch/branches[2]``.
+        # The taken branch gets its own range inside the call's range, such as
+        # ``torchcond.cond/true_fn`` or ``torchcond.switch/branches[2]``.
         with torch.autograd.profiler.record_function(f"torchcond.{kind.name}/{label}"):
             return _run_taken(fn, label, operands)
     return _run_taken(fn, label, operands)
 
 
 def _check_every_branch(kind: ConditionalKind, labelled_branches, operands) -> None:
-    """Trace the conditional as ``torch.export`` would (symbolic shapes, fake tensors),
-    so that what it would refuse in any branch raises now; the trace is dropped."""
+    """Trace the conditional as ``torch.export`` would, with fake tensors and symbolic
+    shapes. What the trace refuses in any branch raises now. The trace is dropped."""
     flat, spec = pytree.tree_flatten(operands)
     # A selector the trace cannot read, so that every branch is traced.
     selector = torch.zeros((), dtype=kind.selector_dtype)
@@ -385,7 +383,7 @@ def _check_every_branch(kind: ConditionalKind, labelled_branches, operands) -> N
 
 
 def _run_taken(fn, label: str, operands):
-    """The taken branch, run as a Python `if` would."""
+    """Run the taken branch as a Python ``if`` would."""
     try:
         return fn(*operands)
     except TypeError as error:
@@ -394,7 +392,7 @@ def _run_taken(fn, label: str, operands):
 
 
 def _call_operator(op, selector, labelled_branches, operands):
-    """``op(selector, *branches, operands)`` on flat operands; the user's pytree rebuilt."""
+    """Call ``op(selector, *branches, operands)`` on flat operands and rebuild the pytree."""
     kind = kind_of(op)
     return run_flat(
         labelled_branches,
@@ -405,28 +403,29 @@ def _call_operator(op, selector, labelled_branches, operands):
 
 
 def _select_path(kind: ConditionalKind, selector, labelled_branches, operands, strategy):
-    """The branches run as ``strategies.runner`` says, on flat operands."""
-    if not isinstance(selector, torch.Tensor):  # a SymBool/SymInt: a device scalar of it
+    """Run the branches on flat operands as ``strategies.runner`` says."""
+    if not isinstance(selector, torch.Tensor):  # a SymBool or a SymInt
         selector = torch.scalar_tensor(selector, dtype=kind.selector_dtype)
     if _dynamo_compiling():
         # Dynamo inlines the branches below, where no dispatch mode can refuse a write
-        # from a branch that runs untaken. Calling the operator makes dynamo speculate
-        # each branch as a subgraph, and ``may_write=False`` has it refuse writes to
-        # anything from outside it.
+        # from a branch that is not taken. Calling the operator makes dynamo speculate
+        # each branch as a subgraph. With ``may_write=False``, dynamo refuses writes to
+        # anything from outside the branch.
         if _in_subgraph():
-            # In a branch dynamo speculates (another conditional's, say), the run below
-            # could not enter the mode that reads closed-over tensors: the operator
-            # stands in for the select there. Its values are the same (a Python
-            # `if`'s); Inductor picks its branch on the host.
+            # Inside a branch that dynamo speculates, such as another conditional's,
+            # the run below cannot enter the mode that reads closed-over tensors. So
+            # the operator stands in for the select there. It gives the same values as
+            # a Python ``if``, and Inductor picks its branch on the host.
             return _operator_under_dynamo(
                 kind.op, selector, labelled_branches, operands, may_write=False
             )
-        # Only the checks are wanted, so dynamo emits no node: AOTAutograd would trace
-        # one before dropping it, and some rules refuse what the inline run below
-        # handles (a torch.func transform over it under functionalization). No mode
-        # need see the checks: in an enclosing select's run, the mode that reads
-        # closures (closures.StandIns) would change its own state from inside the
-        # branches, which dynamo refuses.
+        # Only the checks are wanted, so dynamo emits no node. AOTAutograd would trace
+        # a node before dropping it. Some rules would also refuse what the inline run
+        # below handles, such as a torch.func transform over it under
+        # functionalization. The checks run with torch-function modes off. In an
+        # enclosing select's run, the mode that reads closures (closures.StandIns)
+        # would otherwise change its own state from inside the branches, and dynamo
+        # refuses that.
         with _compat.torch_function_disabled():
             _operator_under_dynamo(
                 kind.op,
@@ -450,8 +449,8 @@ def _select_path(kind: ConditionalKind, selector, labelled_branches, operands, s
 
 
 def _tensor_sequence(operands) -> bool:
-    # isinstance, not an exact type test: under dynamo, ``type(o)`` is reached through
-    # torch's own module and would cost an alias guard per call.
+    # The leaves use isinstance, not an exact type test. Under dynamo, ``type(o)`` is
+    # reached through torch's own module and would cost an alias guard per call.
     return type(operands) in (tuple, list) and all(isinstance(o, _Tensor) for o in operands)
 
 

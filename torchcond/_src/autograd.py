@@ -1,7 +1,7 @@
 """Differentiation of the conditional operators, to any order.
 
-A selector readable on the host makes the conditional a Python ``if``: the taken
-branch runs under ordinary autograd, so gradients, double backward and every
+A selector readable on the host makes the conditional a Python ``if``. The taken
+branch runs under ordinary autograd. So gradients, double backward and every
 torch.func transform behave exactly as they do for that ``if``.
 
 Otherwise (tracing, fake or meta selectors) the derivative of a conditional is a
@@ -12,11 +12,12 @@ conditional on the same selector:
 * forward mode: ``op(selector, *jvp_graphs, primals + tangents)``.
 
 Those graphs are closure-free and call the operator again, so they differentiate
-the same way: a second derivative is a conditional of conditionals. They are traced
-once per forward graph and input signature (``_cache``). A vjp graph recomputes the
-branch from its inputs, so the only values kept for the backward are the primals
-that some branch's vjp reads (the others are pruned before the node is built), and
-the random draws of branches that draw, which the recomputation replays (draws.py).
+the same way. A second derivative is a conditional of conditionals. The graphs are
+traced once per forward graph and input signature (``_cache``). A vjp graph
+recomputes the branch from its inputs. So the backward keeps only two kinds of
+values. The first kind is the primals that some branch's vjp reads. Unread primals
+are pruned before the node is built. The second kind is the random draws of
+branches that draw, which the recomputation replays (draws.py).
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ def autograd_rule(kind: ConditionalKind, selector, branches, operands):
     lifted, operands = closures.lift(kind, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
         return kind.call_below_autograd(selector, lifted, operands)
-    # Writes: the conditional returns the new values as differentiable outputs and
-    # they are written back here, where autograd sees the write. Derivatives
-    # recompute the branches from the operands the forward saw, so a written one
+    # The conditional returns the new values of written operands as differentiable
+    # outputs. They are written back here, where autograd sees the write. Derivatives
+    # recompute the branches from the operands the forward saw. So a written operand
     # goes in as a copy, which the write-back leaves alone.
     written, lifted = pending_writes(lifted)
     derivative = None if written else _derivative_source(branches, lifted, operands[n:])
@@ -82,6 +83,10 @@ def autograd_rule(kind: ConditionalKind, selector, branches, operands):
     return written_back(out, written, lambda w, new: operands[w].copy_(new))
 
 
+# Under AOTAutograd (functionalized), the old value of a written operand is this opaque
+# op, which is saved for the backward. Inductor removes a ``clone`` whose metadata
+# matches its source, and its partitioner may recompute one in the backward. Either
+# way, the backward would read the operand after the write-back (torch 2.11-2.15).
 @torch.library.custom_op("torchcond::old_value", mutates_args=())
 def _old_value_op(t: torch.Tensor) -> torch.Tensor:
     return t.clone()
@@ -93,40 +98,29 @@ _old_value_op.register_vmap(lambda info, in_dims, t: (_old_value_op(t), in_dims[
 
 
 def _old_value(t: torch.Tensor) -> torch.Tensor:
-    """A copy of operand ``t`` as it was before a branch wrote to it, which the
-    derivatives read.
-
-    Under AOTAutograd (functionalized) it is an op of its own. Inductor removes a
-    ``clone`` whose metadata matches its source, and its partitioner may recompute one
-    in the backward; either way the backward would read the operand after the
-    write-back (torch 2.11-2.15). An opaque op is saved for the backward instead.
-    """
+    """Copy operand ``t`` before a branch writes to it, for the derivatives to read."""
     return _old_value_op(t) if _compat.functional_mode() is not None else t.clone()
 
 
 class FromUserBranches(NamedTuple):
-    """Derivatives traced anew from the user's branches, not from their graphs.
-
-    The branches read ``closures`` (the values closure lifting appended to the
-    operands) themselves, so derivatives with respect to those operands are taken
-    with respect to the closures.
-    """
+    """Derivatives traced from the user's branches, which read ``closures`` themselves.
+    Derivatives for the lifted closure operands are taken for those closures."""
 
     branches: tuple
     closures: tuple
 
 
 def _derivative_source(branches, lifted, closed_over: tuple):
-    """What derivatives differentiate when not the forward graphs ``lifted``.
+    """Return what derivatives differentiate instead of the forward graphs ``lifted``.
 
-    Never the user's branches when they write to their inputs (the caller's check):
-    the traced graphs return the new values instead, and a derivative that
+    None means the forward graphs. The caller never asks when the branches write to
+    their inputs. The traced graphs then return the new values, and a derivative that
     recomputes a branch may not write.
     """
     lifted = [plain(b) for b in lifted]
     if all(closure_free(b) for b in branches):
         # Graphs as given (dynamo's call torch functions) are differentiated as they
-        # are: a custom autograd.Function in them runs its own backward.
+        # are. A custom autograd.Function in them runs its own backward.
         return (tuple(plain(b) for b in branches), 0)
     if any(isinstance(g, torch.fx.GraphModule) and runs_custom_forward(g) for g in lifted):
         # A custom autograd.Function ran in a traced branch. Its backward is in no
@@ -136,11 +130,10 @@ def _derivative_source(branches, lifted, closed_over: tuple):
 
 
 def functorch_rule(kind: ConditionalKind, selector, branches, operands):
-    """torch.func grad/vjp/jvp over a conditional whose selector is not readable.
+    """Apply torch.func grad/vjp/jvp to a conditional whose selector is not readable.
 
-    ``DifferentiableConditional`` is a functorch-aware autograd.Function (``setup_context`` form),
-    so applying it under the transform differentiates it with the rules below.
-    """
+    ``DifferentiableConditional`` is a functorch-aware autograd.Function
+    (``setup_context`` form), so the transform differentiates it with the rules below."""
     n = len(operands)
     branches, operands, written = closures.lift_under_transform(kind, branches, tuple(operands))
     refuse_writes_under_transform(written, n, kind.labels(len(branches)))
@@ -148,13 +141,13 @@ def functorch_rule(kind: ConditionalKind, selector, branches, operands):
 
 
 def with_tangents(outputs) -> tuple:
-    """The outputs of a branch taken under torch.func's jvp, each floating one a dual
-    tensor: zeros where the branch gives it no tangent (a constant it makes).
+    """Make each floating output of a branch taken under torch.func's jvp a dual tensor.
 
-    Traced, the conditional's outputs have tangents whichever branch is taken (the
-    jvp conditional's), and code compiled around it (dynamo's jvp) reads them as it
-    found them in the trace. torch.func's jvp runs at forward-AD level 0, the only one
-    torch has; compiled, it enters it without ``forward_ad.dual_level``.
+    An output with no tangent from the branch (a constant it makes) gets zeros. When
+    traced, the conditional's outputs have tangents whichever branch is taken. Code
+    compiled around it (dynamo's jvp) reads them as it found them in the trace.
+    torch.func's jvp runs at forward-AD level 0, the only level torch has. Compiled
+    code enters that level without ``forward_ad.dual_level``.
     """
     return tuple(
         forward_ad.make_dual(t, torch.zeros_like(t), level=0)
@@ -180,12 +173,15 @@ def _differentiable(t: torch.Tensor) -> bool:
 class DifferentiableConditional(torch.autograd.Function):
     """``op(selector, *branches, operands)`` with derivatives that are conditionals.
 
-    ``derivative`` is None (derivatives differentiate ``branches``),
-    ``(graphs, n_draws)``: derivatives differentiate ``graphs``, the same functions
-    as ``branches``. With ``n_draws``, ``branches`` also return their random draws
-    (the last outputs) and ``graphs`` take them after the operands, so derivatives
-    replay the forward's draws (draws.py). Or a ``FromUserBranches``: inside a make_fx
-    session, derivatives are traced from the user's branches.
+    ``derivative`` takes one of three forms:
+
+    * None. Derivatives differentiate ``branches``.
+    * ``(graphs, n_draws)``. Derivatives differentiate ``graphs``, which compute the
+      same functions as ``branches``. With ``n_draws``, ``branches`` also return
+      their random draws as the last outputs. ``graphs`` take them after the
+      operands, so derivatives replay the forward's draws (draws.py).
+    * A ``FromUserBranches``. Inside a make_fx session, derivatives are traced from
+      the user's branches.
     """
 
     @staticmethod
@@ -232,8 +228,8 @@ class DifferentiableConditional(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, kind, selector, branches, derivative, *operands):
-        # torch.func's jacrev/hessian vmap the backward over basis cotangents, and
-        # per-example gradients vmap it over a batched selector.
+        # torch.func's jacrev and hessian vmap the backward over basis cotangents.
+        # Per-example gradients vmap it over a batched selector.
         out = map_conditional(
             kind,
             selector,
@@ -266,8 +262,9 @@ class DifferentiableConditional(torch.autograd.Function):
 
 
 def _saved(ctx):
-    """The selector, and the operands followed by the saved draws (what ``ctx.branches``
-    take)."""
+    """Return the saved selector, and the operands followed by the saved draws.
+
+    The second value is what ``ctx.branches`` take."""
     values: list = [None] * (1 + ctx.n_operands + ctx.n_draws)
     saved = iter(ctx.saved_tensors)
     others = iter(ctx.others)
@@ -281,11 +278,11 @@ def _saved(ctx):
 
 
 def vjp_graphs(branches, primals, need, present, cotangents):
-    """One vjp graph per branch, all taking the same pruned inputs.
+    """Build one vjp graph per branch, all taking the same pruned inputs.
 
-    Each graph maps ``(*primals, *cotangents)`` (restricted to ``used``) to the
-    gradients of the primals in ``need``; an input a branch does not use gets zeros,
-    as every branch must return the same structure.
+    Each graph maps ``(*primals, *cotangents)``, restricted to ``used``, to the
+    gradients of the primals in ``need``. An input that a branch does not use gets
+    zeros, because every branch must return the same structure.
     """
     args = (*primals, *cotangents)
     key = ("vjp", tuple(need), tuple(present), _signature(args))
@@ -300,7 +297,7 @@ def vjp_graphs(branches, primals, need, present, cotangents):
 
 
 def jvp_graphs(branches, primals, have, tangents):
-    """One jvp graph per branch: ``(*primals, *tangents) -> output tangents``."""
+    """Build one jvp graph per branch, mapping ``(*primals, *tangents)`` to output tangents."""
     args = (*primals, *tangents)
     key = ("jvp", tuple(have), _signature(args))
 
@@ -317,8 +314,9 @@ def _vjp_of(
     present: Sequence[int],
     closed_over: Sequence[torch.Tensor] = (),
 ):
-    """``(*primals[:n], *cotangents) -> gradients of the inputs in need``; an input past
-    the first ``n`` is a closure of ``branch``, in ``closed_over``."""
+    """Return a function from ``(*primals[:n], *cotangents)`` to the gradients in ``need``.
+
+    An input past the first ``n`` is a closure of ``branch``, found in ``closed_over``."""
 
     def vjp(*args):
         primals, wrt = _leaves(args[:n], need, closed_over)
@@ -327,8 +325,8 @@ def _vjp_of(
         pairs = [(outputs[j], g) for j, g in zip(present, cotangents) if outputs[j].requires_grad]
         grads: tuple[torch.Tensor | None, ...]
         if pairs:
-            # create_graph: the backward's ops run with grad on, as the code's own
-            # forward did, so only its no_grad blocks are marked grad-disabled and a
+            # With create_graph, the backward's ops run with grad on, as the code's own
+            # forward did. So only its no_grad blocks are marked grad-disabled, and a
             # second derivative goes through the rest.
             grads = torch.autograd.grad(
                 [o for o, _ in pairs],
@@ -347,10 +345,10 @@ def _vjp_of(
 def _jvp_of(
     branch: Callable, n: int, have: Sequence[int], closed_over: Sequence[torch.Tensor] = ()
 ):
-    """Forward mode through reverse mode (the "double vjp"): ``J t = d/du <J^T u, t>``.
+    """Compute forward mode through reverse mode, the "double vjp": ``J t = d/du <J^T u, t>``.
 
-    Tracing forward-mode AD itself would nest inside a caller's forward-AD level,
-    which autograd does not support; two reverse passes need no level at all.
+    Tracing forward-mode AD itself would nest inside a caller's forward-AD level, which
+    autograd does not support. Two reverse passes need no level at all.
     """
 
     def jvp(*args):
@@ -371,7 +369,7 @@ def _jvp_of(
         )
         pairs = [(g, t) for g, t in zip(vjps, tangents) if g is not None and g.requires_grad]
         if pairs:
-            # create_graph, as in _vjp_of: the ops run with grad on, so that a
+            # Use create_graph, as in _vjp_of. The ops run with grad on, so a
             # derivative of this graph (forward over forward) goes through them.
             jt = torch.autograd.grad(
                 [g for g, _ in pairs],
@@ -389,23 +387,26 @@ def _jvp_of(
 
 
 def _leaves(primals, which: Sequence[int], closed_over: Sequence[torch.Tensor]):
-    """The primals, those in ``which`` as new leaves that require grad, and what to
-    differentiate with respect to: those leaves, or for a position past the primals,
-    the closure the branch reads itself."""
+    """Return the primals, with those in ``which`` made leaves that require grad.
+
+    Also return what to differentiate with respect to. That is each such leaf, or for a
+    position past the primals, the closure the branch reads itself."""
     primals = list(primals)
     n = len(primals)
     for i in which:
-        # One that requires grad is a leaf made here, or a value of the caller's
-        # trace differentiated as it is: a detach would cut a higher derivative off.
+        # A primal that requires grad is a leaf made here, or a value of the caller's
+        # trace that is differentiated as it is. A detach would cut off a higher
+        # derivative.
         if i < n and not primals[i].requires_grad:
             primals[i] = primals[i].detach().requires_grad_(True)
     return primals, [primals[i] if i < n else closed_over[i - n] for i in which]
 
 
 def _from_user_branches(ctx, selector, primals, given, derivative_of):
-    """The derivative conditional traced from the user's branches
-    (``ctx.from_user_branches``), or None where derivatives come from graphs: no
-    ``FromUserBranches``, or no make_fx session to trace in.
+    """Trace the derivative conditional from the user's branches (``ctx.from_user_branches``).
+
+    Return None if derivatives come from graphs instead. That happens without a
+    ``FromUserBranches`` or without a make_fx session to trace in.
     ``derivative_of(branch, n, closures)`` is ``_vjp_of`` or ``_jvp_of``."""
     tracer = _compat.active_fx_tracer()
     if ctx.from_user_branches is None or tracer is None:
@@ -417,11 +418,12 @@ def _from_user_branches(ctx, selector, primals, given, derivative_of):
 
 
 def _retraced(kind: ConditionalKind, tracer, selector, fns, args):
-    """The conditional over derivative functions of the user's branches, traced in the
-    current session, called on ``args`` and the closures they read.
+    """Trace a conditional over derivative functions of the user's branches, and call it.
 
-    Its own derivatives come from those functions too, as the user's backward code is
-    differentiated when autograd differentiates twice.
+    The trace happens in the current session. The call passes ``args`` and the
+    closures the functions read. The conditional's own derivatives come from those
+    functions too, as autograd differentiates the user's backward code when it
+    differentiates twice.
     """
     with torch.enable_grad():
         traced = closures.trace_in_session(tracer, fns, args, kind.labels(len(fns)))
@@ -445,11 +447,12 @@ def _derivative_graph(fn, args) -> torch.fx.GraphModule:
 
 
 def _recordable(kind: ConditionalKind, graphs, built_in) -> list:
-    """Derivative graphs to hand to the operator.
+    """Return the derivative graphs to hand to the operator.
 
-    Built as subgraphs of the make_fx session now tracing (``built_in``), they go as
-    ``PretracedBranch``s, recorded without another trace (a renamed copy each, so every
-    node has its own module); otherwise as they are, for the proxy rule to trace.
+    Graphs built as subgraphs of the make_fx session now tracing (``built_in``) go as
+    ``PretracedBranch``s, recorded without another trace. Each is a renamed copy, so
+    every node has its own module. Other graphs go as they are, for the proxy rule to
+    trace.
     """
     tracer = _compat.active_fx_tracer()
     if tracer is None or built_in is not tracer:
@@ -463,7 +466,7 @@ def _recordable(kind: ConditionalKind, graphs, built_in) -> list:
 
 # A branch's own ``detach`` is a stop-gradient and stays. Autograd adds ``detach``
 # nodes of its own when it saves and unpacks outputs for backward (make_fx sees the
-# shallow copies); left in, they would cut the derivative graph off from its inputs
+# shallow copies). Left in, they would cut the derivative graph off from its inputs,
 # and every higher derivative through them would be zero.
 _STOP_GRADIENT = "torchcond_stop_gradient"
 _DETACH = torch.ops.aten.detach.default
@@ -471,8 +474,10 @@ _COPY = torch.ops.aten.copy.default
 
 
 class _DifferentiableReplay(torch.fx.Interpreter):
-    """Runs a graph to differentiate it: nodes traced with grad off run with grad off,
-    and the branch's own detaches are marked as stop-gradients in the new trace."""
+    """Runs a graph to differentiate it.
+
+    Nodes traced with grad off run with grad off. The branch's own detaches are marked
+    as stop-gradients in the new trace."""
 
     def run_node(self, n):
         if n.meta.get(OWN_BACKWARD):
@@ -481,8 +486,8 @@ class _DifferentiableReplay(torch.fx.Interpreter):
             with torch.no_grad():
                 out = super().run_node(n)
         elif n.op == "call_function" and n.target is _COPY:
-            # Functionalization's form of ``dst.copy_(src)`` (a write into a buffer),
-            # which autograd has no derivative for; the in-place copy it stands for has.
+            # This is functionalization's form of ``dst.copy_(src)``, a write into a
+            # buffer. Autograd has no derivative for it, but has one for the in-place copy.
             dst, src = self.fetch_args_kwargs_from_env(n)[0][:2]
             out = dst.clone().copy_(src)
         else:
@@ -495,13 +500,14 @@ class _DifferentiableReplay(torch.fx.Interpreter):
 
 
 def _refuse_own_backward(node, args_kwargs, graph) -> None:
-    """A custom Function's forward on inputs that need a gradient: refuse, as its
-    backward is not in the graph and differentiating the forward ops is not it.
+    """Refuse a custom Function's forward on inputs that need a gradient.
 
-    Derivatives come from the user's branch, where the backward runs, except when the
-    branch draws random numbers (those derivatives replay the draws in its graph) or
-    when the derivative is taken outside the trace the forward was recorded in. The
-    message names the one of the two that holds.
+    Its backward is not in the graph, and differentiating the forward ops does not
+    give it. Derivatives usually come from the user's branch, where the backward runs.
+    They come from the graph in two cases, and the message names the one that holds:
+
+    * the branch draws random numbers, and derivatives replay the draws in its graph;
+    * the derivative is taken outside the trace that recorded the forward.
     """
     if not any(_requires_grad(v) for v in pytree.tree_leaves(args_kwargs)):
         return
@@ -534,8 +540,9 @@ def _run_differentiably(branch, args):
 
 
 class _MarkingStopGradients(torch.overrides.TorchFunctionMode):
-    """The user's own ``detach`` calls (autograd's, in C++, are not torch functions)
-    are marked as stop-gradients in the trace."""
+    """Marks the user's own ``detach`` calls as stop-gradients in the trace.
+
+    Autograd's own detaches run in C++ and are not torch functions."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -551,7 +558,9 @@ _DETACH_CALLS = (torch.Tensor.detach, torch.detach)
 
 
 def _drop_autograd_detaches(gm: torch.fx.GraphModule) -> None:
-    """Also drops what the trace computed and nothing reads (the vjp's forward outputs)."""
+    """Drop autograd's detaches, and what the trace computed that nothing reads.
+
+    The unread values include the vjp's forward outputs."""
     for node in list(gm.graph.find_nodes(op="call_function", target=_DETACH)):
         if not node.meta.get(_STOP_GRADIENT):
             node.replace_all_uses_with(node.args[0])
@@ -562,11 +571,11 @@ def _drop_autograd_detaches(gm: torch.fx.GraphModule) -> None:
 
 
 def _prune_unused_inputs(graphs: Sequence[torch.fx.GraphModule]) -> list[int]:
-    """Drop inputs no graph reads; returns the kept input positions.
+    """Drop the inputs that no graph reads, and return the kept input positions.
 
-    A symbolic size stays while a value in some graph has it in its shape: a graph
-    (compiled by Inductor on its own) binds its symbols from its inputs, so an input
-    ``f32[4*s0, 4]`` needs ``s0`` passed too.
+    A symbolic size stays while a value in some graph has it in its shape. Inductor
+    compiles each graph on its own, and a graph binds its symbols from its inputs. So
+    an input ``f32[4*s0, 4]`` needs ``s0`` passed too.
     """
     placeholders = [gm.graph.find_nodes(op="placeholder") for gm in graphs]
     read = {k for phs in placeholders for k, ph in enumerate(phs) if ph.users}
@@ -593,7 +602,7 @@ def _prune_unused_inputs(graphs: Sequence[torch.fx.GraphModule]) -> list[int]:
 
 
 def _signature(args) -> tuple:
-    """What a traced derivative graph depends on: metadata, not values."""
+    """Return the metadata a traced derivative graph depends on. Values do not matter."""
 
     def one(a):
         if isinstance(a, torch.Tensor):
@@ -607,12 +616,12 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _cache(branches, key, build):
-    """Derivative graphs of closure-free forward graphs are built once per key.
+    """Build the derivative graphs of closure-free forward graphs once per key.
 
-    Keyed weakly on the first branch graph; the entry holds the others, so their
-    ids in the key stay theirs for the entry's lifetime. Returns what ``build``
-    returned and the make_fx tracer whose subgraphs it built (None outside a
-    session); an entry built in another session is built again.
+    The cache holds the first branch graph weakly. The entry holds the other graphs,
+    so their ids in the key stay theirs while the entry lives. Returns what ``build``
+    returned and the make_fx tracer whose subgraphs it built (None outside a session).
+    An entry built in another session is built again.
     """
     tracer = _compat.active_fx_tracer() if _compat.in_make_fx_session() else None
     if not all(closure_free(b) for b in branches):
@@ -621,7 +630,7 @@ def _cache(branches, key, build):
     full_key = (key, tuple(id(b) for b in branches[1:]))
     hit = per_graph.get(full_key)
     if hit is None or (tracer is not None and hit[2]() is not tracer):
-        # The tracer only weakly: it holds the forward graphs, which key the cache.
+        # Hold the tracer only weakly. It holds the forward graphs, which key the cache.
         hit = per_graph[full_key] = (build(), tuple(branches[1:]), _weak(tracer))
     return hit[0], hit[2]()
 

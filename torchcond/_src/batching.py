@@ -1,12 +1,12 @@
 """vmap of a conditional.
 
-* Selector the same for every example: each branch is vmapped and the conditional
-  stays one conditional (one node when traced).
-* Selector batched (one value per example): no single branch can be chosen, so
-  every branch runs on the whole batch and one fused select (``select_ops.py``) picks,
-  per example, the taken branch's value of every output leaf.
+* When the selector is the same for every example, each branch is vmapped. The
+  conditional stays one conditional, which is one node when traced.
+* When the selector is batched (one value per example), no single branch can be
+  chosen. Every branch runs on the whole batch. One fused select (``select_ops.py``)
+  then picks, per example, the taken branch's value of every output leaf.
 
-The second form is ``strategies.run_every_branch`` at the vmap level, then one
+The second form runs ``strategies.run_every_branch`` at the vmap level, then one
 select below it.
 """
 
@@ -31,7 +31,7 @@ def vmap_rule(kind: ConditionalKind, interpreter, selector, branches, operands):
     size = interpreter.batch_size()
     if isinstance(selector, torch.Tensor) and _compat.batched_at(selector, level):
         return per_example(kind, level, size, selector, branches, operands)
-    # One selector for the batch: one conditional of mapped branches, below this level.
+    # One selector for the batch gives one conditional of mapped branches, below this level.
     tensors, in_dims = _unbatch_all(operands, level)
     unchanged = _Unchanged(len(branches))
     mapped = [
@@ -40,9 +40,9 @@ def vmap_rule(kind: ConditionalKind, interpreter, selector, branches, operands):
     ]
     with interpreter.lower():
         out = kind.op(selector, *mapped, tensors)
-    # As a Python ``if`` returns them: an output every branch returns unchanged is
-    # that operand or closure, with its own batching; one that no branch varies over
-    # the batch is not batched.
+    # Return outputs as a Python ``if`` would. An output that every branch returns
+    # unchanged is that operand or closure, with its own batching. An output that no
+    # branch varies over the batch is not batched.
     kept = unchanged.same(
         lambda source: (
             source is UNBATCHED
@@ -57,8 +57,8 @@ def vmap_rule(kind: ConditionalKind, interpreter, selector, branches, operands):
 
 
 def _copied_operands(branches) -> dict[int, int]:
-    """Output position -> the operand every branch returns a copy of, where every
-    branch is a graph (``subgraph.returned_inputs``)."""
+    """Map each output position to the operand that every branch returns a copy of.
+    This needs every branch to be a graph (``subgraph.returned_inputs``)."""
     graphs = [plain(b) for b in branches]
     if not all(isinstance(gm, torch.fx.GraphModule) for gm in graphs):
         return {}
@@ -69,12 +69,12 @@ def _copied_operands(branches) -> dict[int, int]:
 def per_example(
     kind: ConditionalKind, level: int, size: int, selector, branches, operands
 ) -> tuple:
-    """The rule for a selector batched at vmap ``level`` (a batch of ``size``).
+    """The rule for a selector batched at vmap ``level``, with a batch of ``size``.
 
-    A branch per example: every branch runs on the whole batch and one select picks
-    per example. The branches run at this vmap level, not below it, so that tensors a
-    branch closes over are batched as its operands are; the select runs below it, on
-    the batch's own tensors.
+    Each example takes its own branch. Every branch runs on the whole batch, and one
+    select picks per example. The branches run at this vmap level, not below it, so
+    tensors that a branch closes over are batched as its operands are. The select runs
+    below the level, on the batch's own tensors.
     """
     labels = kind.labels(len(branches))
     copies = _copied_operands(branches)
@@ -89,8 +89,9 @@ def per_example(
         out = written_back(out, every.written, lambda i, value: targets[i].copy_(value))
     finally:
         _compat.push_vmap_level(vmap_level)
-    # An output every branch returns unchanged keeps its own batching (none, say);
-    # so does a copy of an operand every branch graph returns (a traced identity).
+    # An output that every branch returns unchanged keeps its own batching, which may
+    # be none. So does a copy of an operand that every branch graph returns, such as a
+    # traced identity.
     out = every.merged(_C.batched(out, level))
     return tuple(
         operands[copies[j]].clone() if j in copies and j not in every.same else t
@@ -108,10 +109,10 @@ def map_conditional(
     batch_size,
     randomness,
 ) -> tuple:
-    """The conditional mapped over a batch (dims as vmap gives them); outputs batch-first.
+    """Map the conditional over a batch, with dims as vmap gives them. Outputs are batch-first.
 
-    One selector for the batch keeps one conditional of mapped branches; a selector
-    per example runs every branch and selects.
+    One selector for the batch keeps one conditional of mapped branches. A selector per
+    example runs every branch and selects.
     """
     if selector_dim is None:
         each = [Mapped(b, tuple(in_dims), batch_size, randomness) for b in branches]
@@ -133,8 +134,8 @@ def _unbatch_all(operands, level) -> tuple[tuple, tuple]:
 
 
 class _Unchanged:
-    """What each branch's outputs are, output by output, in every run of it (``Mapped``
-    reports it): where all runs agree, the conditional's output is that value."""
+    """Records where each branch's outputs come from in every run (``Mapped`` reports
+    it). Where all runs agree, the conditional's output is that source."""
 
     def __init__(self, n_branches: int):
         self._runs: list[list[tuple]] = [[] for _ in range(n_branches)]
@@ -143,9 +144,9 @@ class _Unchanged:
         return self._runs[k].append
 
     def same(self, unbatched: Callable[[object], bool]) -> dict[int, object]:
-        """Output position -> an operand's position or a closure, the same in every run
-        (the branches a trace runs, or the one a readable selector takes), or
-        ``UNBATCHED`` where every run's is ``unbatched``."""
+        """Map each output position to an operand's position or a closure that is the
+        same in every run, or to ``UNBATCHED`` where every run's source is ``unbatched``.
+        The runs are of the branches a trace runs, or the one a readable selector takes."""
         runs = [run for branch in self._runs for run in branch]
         kept: dict[int, object] = {}
         for j, source in enumerate(runs[0] if runs else ()):
@@ -163,18 +164,18 @@ def _same_source(a, b) -> bool:
 
 
 def _batched_as(source, out: torch.Tensor, operands, level: int):
-    """The output ``Mapped`` found to be ``source`` in every run; ``out``, the
-    conditional's (batch first), where it is ``UNBATCHED``."""
+    """Return the output that ``Mapped`` found to be ``source`` in every run. For
+    ``UNBATCHED``, build it from ``out``, the conditional's batch-first output."""
     if source is UNBATCHED:
         return out.select(0, 0) if out.shape[0] else _compat.batch(out, 0, level)
     return operands[source] if isinstance(source, int) else source
 
 
 def _written_per_example(operand: torch.Tensor, i: int, level: int, labels) -> torch.Tensor:
-    """The batch's own tensor of an operand a branch writes to, batch dimension first.
+    """Return the batch's own tensor of an operand that a branch writes to, batch first.
 
-    Each example takes its own branch's value: an operand without a batch dimension
-    at this level has no room for them, as a Python ``if`` under vmap would find.
+    Each example takes its own branch's value. An operand with no batch dimension at
+    this level has no room for those values, as a Python ``if`` under vmap would find.
     """
     physical, dim = _compat.unbatch(operand, level)
     if dim is None:

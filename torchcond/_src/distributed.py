@@ -1,25 +1,27 @@
-"""Conditionals over DTensors (``torch.distributed.tensor``): one rule, on both operators.
+"""Conditionals over DTensors (``torch.distributed.tensor``). One rule serves both operators.
 
-A DTensor is one logical tensor spread over a device mesh: every rank holds a local
-tensor, and its placements (``Replicate()``, ``Shard(dim)``, ``Partial()``) say how
-the local tensors make up the whole. A conditional over DTensors does what the same
-code written with a Python ``if`` does, with every rank taking the same branch:
+A DTensor is one logical tensor spread over a device mesh. Every rank holds a local
+tensor. The placements (``Replicate()``, ``Shard(dim)``, ``Partial()``) say how the
+local tensors make up the whole. A conditional over DTensors does what the same code
+written with a Python ``if`` does, and every rank takes the same branch:
 
-* The selector must have one value on every rank: a plain tensor, or a DTensor whose
-  placements are all ``Replicate()``. Any other DTensor selector is refused
-  (``CondArgumentError``, naming what reduces it): ranks reading their own parts
-  could take different branches, and then wait forever in different collectives.
-* Where the selector can be read (eagerly), the taken branch runs on the DTensors
-  themselves, so DTensor propagates shardings through it, and issues collectives, as
+* The selector must have one value on every rank. It is a plain tensor, or a DTensor
+  whose placements are all ``Replicate()``. Any other DTensor selector raises
+  ``CondArgumentError``, whose message names what reduces it. Ranks that read their
+  own parts could take different branches, and then wait forever in different
+  collectives.
+* When the selector can be read (eagerly), the taken branch runs on the DTensors
+  themselves. DTensor then propagates shardings and issues collectives through it, as
   it would through plain code.
-* Otherwise (a trace that unwraps DTensors, as AOTAutograd does under
-  ``torch.compile``) the operator runs on the local tensors, each branch wrapping them
-  back into DTensors, so the branch graphs hold the local ops and collectives that
-  DTensor chose. Every branch must then give each output the same mesh and placements
-  (``BranchMismatchError`` otherwise): one graph has one layout per output.
+* Otherwise the operator runs on the local tensors. This happens in a trace that
+  unwraps DTensors, as AOTAutograd does under ``torch.compile``. Each branch wraps
+  the local tensors back into DTensors, so the branch graphs hold the local ops and
+  collectives that DTensor chose. One graph has one layout per output, so every
+  branch must give each output the same mesh and placements. Otherwise the call
+  raises ``BranchMismatchError``.
 
-Importing ``torch.distributed.tensor`` takes time, so nothing here imports it: the rule
-is registered once the program imports it (``after_import``).
+Importing ``torch.distributed.tensor`` takes time, so this module does not import it.
+The rule is registered once the program imports it (``after_import``).
 """
 
 from __future__ import annotations
@@ -40,17 +42,17 @@ _DTENSOR_MODULE = "torch.distributed.tensor"
 
 
 class _Layout(NamedTuple):
-    """How a DTensor lies on its mesh: what wraps a local tensor back into it."""
+    """How a DTensor lies on its mesh. It holds what wraps a local tensor back into it."""
 
     mesh: Any
     placements: tuple
-    shape: torch.Size | None  # the global shape; None: inferred from the local one
+    shape: torch.Size | None  # The global shape, or None to infer it from the local one.
     stride: tuple | None
 
 
 def install(kinds) -> None:
-    """The rule on the operators of ``kinds``, once ``torch.distributed.tensor`` is
-    imported."""
+    """Register the rule on the operators of ``kinds`` once ``torch.distributed.tensor``
+    is imported."""
     when_imported(_DTENSOR_MODULE, lambda module: _register(module, kinds))
 
 
@@ -62,7 +64,7 @@ def _register(module: ModuleType, kinds) -> None:
 
 
 def _replicated(t: Any) -> bool:
-    """Every process holds the DTensor's whole value: it can be read on the host."""
+    """True when every process holds the DTensor's whole value, so the host can read it."""
     return all(p.is_replicate() for p in t.placements)
 
 
@@ -73,25 +75,25 @@ def _install(kind: ConditionalKind, dtensor: Any) -> None:
 
 
 def _on_dtensors(kind: ConditionalKind, dtensor: Any, selector, branches, operands):
-    """DTensors among the selector and the operands: see the module docstring."""
+    """Run a conditional with DTensors among its selector or operands (module docstring)."""
     if isinstance(selector, dtensor):
         selector = _replicated_value(kind, selector)
     if host_readable(selector):
         return kind.taken_branch(selector, branches)(*operands)
     layouts = [_layout_of(t, dtensor) for t in operands]
     local = tuple(t if lay is None else t.to_local() for t, lay in zip(operands, layouts))
-    returned: list = [None] * len(branches)  # each branch's output layouts, once it ran
+    returned: list = [None] * len(branches)  # Each branch's output layouts, set when it runs.
     local_branches = [
         _on_local(branch, layouts, dtensor, returned, i) for i, branch in enumerate(branches)
     ]
     out = kind.op(selector, *local_branches, local)
-    if all(r is None for r in returned):  # no branch ran: nothing is returned
+    if all(r is None for r in returned):  # No branch ran, so no layouts were recorded.
         return out
     return _wrapped(out, _agreed(kind.labels(len(branches)), returned), dtensor)
 
 
 def _replicated_value(kind: ConditionalKind, selector):
-    """The selector's local tensor, which holds its whole value on every rank."""
+    """Return the selector's local tensor, which holds its whole value on every rank."""
     if _replicated(selector):
         return selector.to_local()
     arg = kind.selector_arg
@@ -106,8 +108,8 @@ def _replicated_value(kind: ConditionalKind, selector):
 def _on_local(
     branch: Callable, layouts: Sequence[_Layout | None], dtensor: Any, returned: list, i: int
 ) -> Callable:
-    """``branch`` on local tensors: they are wrapped into the operands' DTensors, and its
-    outputs unwrapped, their layouts recorded in ``returned[i]``."""
+    """Return ``branch`` as a function of local tensors. It wraps them into the operands'
+    DTensors, unwraps the outputs and records their layouts in ``returned[i]``."""
 
     def local_branch(*local):
         out = tuple(branch(*_wrapped(local, layouts, dtensor)))
@@ -135,9 +137,9 @@ def _wrapped(values, layouts: Sequence[_Layout | None], dtensor: Any) -> tuple:
 
 
 def _agreed(labels: Sequence[str], returned: list) -> list[_Layout | None]:
-    """One layout per output, that of every branch that ran; its global shape and
-    stride only where all of theirs are statically equal (else inferred from the local
-    tensor, as ``from_local`` does: even sharding)."""
+    """Return one layout per output, which every branch that ran must share. The layout
+    keeps its global shape and stride only where all branches' are statically equal.
+    Otherwise ``from_local`` infers them from the local tensor and assumes even sharding."""
     ran = [(label, outs) for label, outs in zip(labels, returned) if outs is not None]
     (first_label, first), rest = ran[0], ran[1:]
     agreed: list[_Layout | None] = []

@@ -1,18 +1,18 @@
-"""Random draws in branch graphs: saved by the forward, replayed by the derivative.
+"""Random draws in branch graphs. The forward saves them, and the derivative replays them.
 
 A traced derivative recomputes a branch from its inputs (autograd.py). A branch that
 draws random numbers (dropout, ``rand_like``, ``bernoulli``) would draw new ones
-there, and its gradient would belong to another mask than its output. As cond_v2
-turns what the backward needs into outputs, the forward conditional returns every
-draw, and the derivative runs branches in which each random op is replaced by the
-value it drew.
+there, and its gradient would belong to a different mask than its output. cond_v2
+turns what the backward needs into outputs. In the same way, the forward conditional
+here returns every draw. The derivative runs branches in which each random op is
+replaced by the value it drew.
 
-Branches must return the same outputs, so each branch returns every branch's draws:
-its own, and zeros shaped like the others'. The untaken branches' zeros are never
-read: each branch replays only its own draws. A nested conditional whose branches
-draw is rewritten the same way, recursively: it returns its draws after its outputs,
-the enclosing branch returns them on, and in the replay it is given them back as
-operands.
+Branches must return the same outputs, so each branch returns every branch's draws.
+It returns its own draws, and zeros shaped like the other branches' draws. Nothing
+reads the untaken branches' zeros, because each branch replays only its own draws. A
+nested conditional whose branches draw is rewritten the same way, recursively. It
+returns its draws after its outputs, and the enclosing branch returns them on. In the
+replay, the nested conditional gets them back as operands.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from .subgraph import getattr_path, written_arguments
 class Draws(NamedTuple):
     """Branch graphs rewritten for a conditional whose branches draw random numbers.
 
-    ``forward[i]`` returns branch ``i``'s outputs, then ``n_draws`` draws (one slot per
-    random value any branch draws). ``replay[i]`` takes the operands, then the
-    ``n_draws`` draws, and uses its own in place of drawing.
+    ``forward[i]`` returns branch ``i``'s outputs, then ``n_draws`` draws. There is one
+    slot per random value that any branch draws. ``replay[i]`` takes the operands,
+    then the ``n_draws`` draws. It uses its own draws instead of drawing.
     """
 
     forward: tuple[torch.fx.GraphModule, ...]
     replay: tuple[torch.fx.GraphModule, ...]
-    values: tuple[torch.Tensor, ...]  # each draw's (fake) value
+    values: tuple[torch.Tensor, ...]  # Each draw's (fake) value.
 
     @property
     def n_draws(self) -> int:
@@ -49,14 +49,14 @@ class Draws(NamedTuple):
 class _Slot(NamedTuple):
     """One drawn value in a branch graph."""
 
-    node: torch.fx.Node  # a random op, or a nested conditional whose branches draw
-    output_at: int | None  # which tensor of the node's output; None: the output itself
+    node: torch.fx.Node  # A random op, or a nested conditional whose branches draw.
+    output_at: int | None  # The index in the node's output, or None for the output itself.
     value: torch.Tensor
-    inner: Draws | None = None  # a nested conditional's branches, rewritten
+    inner: Draws | None = None  # A nested conditional's rewritten branches.
 
 
 def saved_for_derivative(branches: Sequence, labels: Sequence[str]) -> Draws | None:
-    """The branches rewritten to save and replay their draws; None when none draws."""
+    """Return the branches rewritten to save and replay their draws, or None if none draws."""
     if not all(isinstance(b, torch.fx.GraphModule) for b in branches):
         return None
     found = [_random_values(gm, label) for gm, label in zip(branches, labels)]
@@ -70,23 +70,25 @@ def saved_for_derivative(branches: Sequence, labels: Sequence[str]) -> Draws | N
     )
 
 
-# GraphModule meta key: the graph replays the forward's draws, given as inputs.
+# A GraphModule meta key. It marks a graph that replays the forward's draws, given as
+# inputs.
 _REPLAYS_DRAWS = "torchcond_replays_draws"
 
 
 def replays_draws(gm) -> bool:
-    """``gm`` is a branch ``saved_for_derivative`` rewrote to replay its draws."""
+    """True when ``gm`` is a branch that ``saved_for_derivative`` rewrote to replay draws."""
     return isinstance(gm, torch.fx.GraphModule) and bool(gm.meta.get(_REPLAYS_DRAWS))
 
 
 def refuse_redraws(derivative: torch.fx.GraphModule) -> None:
-    """A derivative graph that reads a draw would draw anew, not replay the forward's.
+    """Raise if ``derivative`` reads a draw, since it would draw anew, not replay.
 
-    Branches rewritten by ``saved_for_derivative`` have no replayable random op left.
-    What remains: ops it cannot replay, and any draw in the derivative of a branch
-    it did not rewrite (torch.func transforms over Python branches). Refused only
-    here, where a derivative reads them: a forward, or a derivative that does not
-    need the drawn value (``normal(mean, std)``'s gradient for ``mean``), is right.
+    Branches that ``saved_for_derivative`` rewrote have no replayable random op left.
+    Two kinds of draws remain. Some ops cannot be replayed. A branch that it did not
+    rewrite may draw in its derivative (torch.func transforms over Python branches).
+    Only a derivative that reads such a draw is refused. A forward is right, and so is
+    a derivative that does not need the drawn value (``normal(mean, std)``'s gradient
+    for ``mean``).
     """
     node = _read_draw(derivative)
     if node is None:
@@ -107,9 +109,9 @@ def refuse_redraws(derivative: torch.fx.GraphModule) -> None:
 
 
 def _read_draw(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
-    """A random op whose value something reads, in ``gm`` or a graph it calls."""
+    """Return a random op whose value something reads, in ``gm`` or a graph it calls."""
     for node in gm.graph.nodes:
-        if _is_random(node) and node.users:  # an unread draw changes nothing
+        if _is_random(node) and node.users:  # An unread draw changes nothing.
             return node
         if node.op == "get_attr":
             sub = getattr_path(gm, node.target)
@@ -124,9 +126,9 @@ def _is_random(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
 
 
-# Random ops whose derivative with respect to their inputs is zero or undefined: their
-# draw, saved, replaces them exactly. Others (a reparameterized sample, such as
-# ``_standard_gamma`` under ``Gamma.rsample``) have gradients that read the draw.
+# Random ops whose derivative with respect to their inputs is zero or undefined. The
+# saved draw replaces such an op exactly. Other random ops have gradients that read the
+# draw, such as a reparameterized sample (``_standard_gamma`` under ``Gamma.rsample``).
 _DRAWS = frozenset(
     {
         "rand",
@@ -140,7 +142,7 @@ _DRAWS = frozenset(
         "bernoulli_",
         "uniform",
         "uniform_",
-        "normal",  # torch.normal(mean, std): autograd gives mean and std zero gradients
+        "normal",  # Autograd gives torch.normal's mean and std zero gradients.
         "normal_",
         "normal_functional",
         "exponential",
@@ -161,8 +163,8 @@ _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
 
 
 def _random_values(gm: torch.fx.GraphModule, label: str) -> list[_Slot]:
-    """The draws ``gm`` can replay, its nested conditionals' included. Other random ops
-    (and draws in other operators' graphs) stay: ``refuse_redraws`` meets them."""
+    """Return the draws that ``gm`` can replay, including its nested conditionals'.
+    Other random ops, and draws in other operators' graphs, stay for ``refuse_redraws``."""
     refs: list[_Slot] = []
     for node in gm.graph.nodes:
         if _is_conditional(node):
@@ -172,7 +174,7 @@ def _random_values(gm: torch.fx.GraphModule, label: str) -> list[_Slot]:
             continue
         val = node.meta.get("val")
         if node.target is _NATIVE_DROPOUT:
-            refs.append(_Slot(node, 1, val[1]))  # the mask; the output is recomputed from it
+            refs.append(_Slot(node, 1, val[1]))  # The mask. The output is recomputed from it.
             continue
         if isinstance(val, torch.Tensor):
             refs.append(_Slot(node, None, val))
@@ -190,8 +192,8 @@ def _is_conditional(node: torch.fx.Node) -> bool:
 
 
 def _nested_draws(gm, node: torch.fx.Node, label: str) -> list[_Slot]:
-    """A nested conditional whose branches draw: its branches rewritten, and one slot per
-    draw, which the rewritten node returns after its outputs."""
+    """Rewrite the branches of a nested conditional that draws. Return one slot per draw,
+    which the rewritten node returns after its outputs."""
     _, branch_nodes, _ = unpack(node.args)
     inner_branches = [getattr_path(gm, b.target) for b in branch_nodes]
     inner_labels = [f"{label} (nested branch {k})" for k in range(len(inner_branches))]
@@ -210,7 +212,7 @@ def _replayable(node: torch.fx.Node) -> bool:
 
 
 def _copy(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict, list]:
-    """A new GraphModule over a copy of ``gm``'s graph, without its output node."""
+    """Return a new GraphModule over a copy of ``gm``'s graph, without its output node."""
     graph = torch.fx.Graph()
     env: dict = {}
     outputs = graph.graph_copy(gm.graph, env)
@@ -228,13 +230,13 @@ def _returning_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
         _swap_branches(copy, node, inner.forward)
         node.meta["val"] = (*node.meta["val"], *inner.values)
     returned = set(outputs)
-    sizes = _SizeNodes(graph)  # appended at the end: the graph has no output node yet
+    sizes = _SizeNodes(graph)  # Appended at the end, since there is no output node yet.
     for j, slot in slots:
         if j == i:
             node = _own_value(graph, env, slot)
             if node in returned or _written_after(gm, slot):
-                # Saved as drawn, before the branch writes to it in place; and outputs
-                # of a conditional never alias each other.
+                # Save the value as drawn, before the branch writes to it in place.
+                # Outputs of a conditional also never alias each other.
                 with graph.inserting_after(node):
                     node = _clone(graph, node, slot.value)
         else:
@@ -256,7 +258,7 @@ def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
     replaced = []
     nested_inputs: dict[torch.fx.Node, list] = {}
     for k, (j, slot) in enumerate(slots):
-        with graph.inserting_before(after_inputs):  # after the operands, in slot order
+        with graph.inserting_before(after_inputs):  # After the operands, in slot order.
             placeholder = graph.placeholder(f"draw_{k}")
         placeholder.meta["val"] = slot.value
         if j == i and slot.inner is not None:
@@ -265,7 +267,7 @@ def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
             node, index = slot.node, slot.output_at
             mine = env[node]
             value = placeholder
-            if _written_after(gm, slot):  # the branch writes to its draw: not to an input
+            if _written_after(gm, slot):  # The branch writes to its draw, so clone the input.
                 with graph.inserting_after(mine):
                     value = _clone(graph, placeholder, slot.value)
             if index is None:
@@ -283,7 +285,7 @@ def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
         if not node.users:
             graph.erase_node(node)
     for nested in _nested_nodes(slots, i):
-        # The inner conditional over branches that replay, given its draws as operands.
+        # The inner conditional calls branches that replay and gets its draws as operands.
         node = env[nested.node]
         _swap_branches(copy, node, cast(Draws, nested.inner).replay)
         selector, branch_nodes, operands = unpack(node.args)
@@ -294,7 +296,7 @@ def _replaying_draws(gm, i: int, slots: Sequence[tuple[int, _Slot]]) -> torch.fx
 
 
 def _nested_nodes(slots: Sequence[tuple[int, _Slot]], i: int) -> list[_Slot]:
-    """Branch ``i``'s nested conditionals that draw, one slot each."""
+    """Return branch ``i``'s nested conditionals that draw, one slot each."""
     seen: dict = {}
     for j, slot in slots:
         if j == i and slot.inner is not None:
@@ -320,8 +322,8 @@ def _swap_branches(gm: torch.fx.GraphModule, node: torch.fx.Node, graphs) -> Non
 
 
 def _written_after(gm: torch.fx.GraphModule, slot: _Slot) -> bool:
-    """Whether a node after the random one writes in place to the value it drew."""
-    if slot.inner is not None:  # a fresh output of a nested conditional
+    """True when a node after the random op writes in place to the value it drew."""
+    if slot.inner is not None:  # A nested conditional's output is fresh.
         return False
     node = slot.node
     key = _compat.storage_key(slot.value)
@@ -338,8 +340,8 @@ def _written_after(gm: torch.fx.GraphModule, slot: _Slot) -> bool:
 
 
 def _redirect_destination(graph: torch.fx.Graph, random_node, value) -> None:
-    """An in-place draw (``empty.bernoulli_(p)``) wrote its destination: later readers of
-    the destination read the replayed draw instead."""
+    """Make later readers of an in-place draw's destination read the replayed draw. An
+    in-place draw such as ``empty.bernoulli_(p)`` writes its destination."""
     if not isinstance(random_node.target, _compat.OpOverload):
         return
     for dest in written_arguments(random_node.target, random_node.args, random_node.kwargs):
@@ -358,8 +360,8 @@ def _clone(graph, node, val) -> torch.fx.Node:
 
 
 def _dropout_from_mask(graph: torch.fx.Graph, dropout: torch.fx.Node, mask: torch.fx.Node) -> None:
-    """``native_dropout``'s output from its saved mask, as ATen computes it:
-    ``input * mask * (1 / (1 - p))``, or the input itself when not training."""
+    """Recompute ``native_dropout``'s output from its saved mask, as ATen does. The
+    output is ``input * mask * (1 / (1 - p))``, or the input itself when not training."""
     x, p, train = (*dropout.args, None)[:3]
     p = float(cast(float, p))
     scale = (0.0 if p == 1 else 1.0 / (1.0 - p)) if train is not False else 1.0
@@ -390,7 +392,7 @@ def _call(graph, target, args, val, kwargs=None) -> torch.fx.Node:
 
 
 def _zeros_like_in(graph: torch.fx.Graph, sizes: _SizeNodes, value: torch.Tensor) -> torch.fx.Node:
-    """Zeros shaped like another branch's draw, with sizes from this graph's inputs."""
+    """Return zeros shaped like another branch's draw, with sizes from this graph's inputs."""
     size = [sizes.node_for(s) for s in value.shape]
     with _compat.outside_trace_and_transforms():
         val = value.new_zeros(value.shape)
@@ -434,7 +436,7 @@ class _SizeNodes:
         return built[0]
 
     def _build(self, expr):
-        """``(node or int, SymInt or int)`` for ``expr``, or None."""
+        """Return ``(node or int, SymInt or int)`` for ``expr``, or None if it cannot."""
         if expr.is_Integer:
             return int(expr), int(expr)
         hit = self.known.get(expr)
@@ -446,8 +448,8 @@ class _SizeNodes:
                 self.known[expr] = (node, val)
                 return node, val
             return where, val
-        # sympy's own flags, as ``is_Integer`` above: importing sympy costs most of a
-        # second, and torch imports it only when shapes go symbolic.
+        # These are sympy's own flags, like ``is_Integer`` above. Importing sympy costs
+        # most of a second, and torch imports it only when shapes go symbolic.
         if expr.is_Add or expr.is_Mul:
             combine = operator.add if expr.is_Add else operator.mul
             parts = [self._build(arg) for arg in expr.args]

@@ -1,10 +1,13 @@
-"""cond versus switch, in one place: the two operators' kinds and their selectors.
+"""The two conditional kinds, cond and switch, and their selectors.
 
 Both operators are one conditional over N branches, called as
 ``op(selector, *branches, operands)``. A ``ConditionalKind`` holds everything that
-differs between them: how a selector is checked, normalized (clamped, for switch) and
-read, which branch it takes, how branches are labelled in messages, and how their
-graphs are named in a traced module.
+differs between them:
+
+* how a selector is checked, normalized (clamped, for switch) and read;
+* which branch a selector takes;
+* how branches are labelled in messages;
+* how branch graphs are named in a traced module.
 """
 
 from __future__ import annotations
@@ -19,42 +22,42 @@ from ..errors import CondArgumentError
 
 
 class ConditionalKind:
-    """What differs between the operators. ``_CondKind`` and ``_SwitchKind`` below are the two.
+    """What differs between the two operators. ``_CondKind`` and ``_SwitchKind`` implement it.
 
-    The selector in each method is one the user passed (``normalize``), one the
-    operator holds (``taken_index``, ``branch_indices``) or a concrete value read on the host.
+    A method's selector is the user's argument (``normalize``), the operator's selector
+    (``taken_index``, ``branch_indices``), or a concrete value read on the host.
     """
 
-    name: str  # the user's function, in messages
+    name: str  # the public function's name in messages
     selector_arg: str  # its selector argument's name
-    symbolic_kind: str  # what keeps every branch in an exported graph, in a warning
-    selector_dtype: torch.dtype  # of a selector tensor made from a symbolic one
+    symbolic_kind: str  # for a warning, the selector that keeps every branch in an export
+    selector_dtype: torch.dtype  # dtype of a selector tensor made from a symbolic one
 
     def __init__(self, op):
         self.op = op
 
     def labels(self, n: int) -> list[str]:
-        """The branches' names in messages."""
+        """Return the branches' names for messages."""
         raise NotImplementedError
 
     def check_branches(self, branches) -> list:
-        """The branches as a list, once checked (``CondArgumentError`` otherwise)."""
+        """Check the branches (``CondArgumentError``) and return them as a list."""
         raise NotImplementedError
 
     def graph_names(self, root: torch.nn.Module, n: int) -> list[str]:
-        """Free attribute names on ``root`` for the branch graphs of one node."""
+        """Return free attribute names on ``root`` for one node's branch graphs."""
         raise NotImplementedError
 
     def is_constant(self, value) -> bool:
-        """``value`` is a Python constant that picks a branch by itself."""
+        """Whether ``value`` is a Python constant that picks a branch by itself."""
         raise NotImplementedError
 
     def taken_index(self, selector, n: int) -> int:
-        """The branch a concrete selector (a Python number or a real tensor) takes."""
+        """Return the branch that a concrete selector (a Python number or a real tensor) takes."""
         raise NotImplementedError
 
     def branch_indices(self, selector: torch.Tensor, n: int) -> torch.Tensor:
-        """The int64 index of the branch each element of ``selector`` takes, on its device."""
+        """Return the int64 branch index for each element of ``selector``, on its device."""
         raise NotImplementedError
 
     def check_tensor(self, selector: torch.Tensor) -> None:
@@ -62,22 +65,21 @@ class ConditionalKind:
         raise NotImplementedError
 
     def tensor_selector(self, selector: torch.Tensor, n: int) -> torch.Tensor:
-        """A checked selector tensor as the operator takes it (0-d; clamped for switch)."""
+        """Return a checked selector tensor in the operator's form (0-d, clamped for switch)."""
         raise NotImplementedError
 
     def normalize(self, selector, n: int):
-        """A symbolic or tensor selector as the operator takes it, checked."""
+        """Check a symbolic or tensor selector and return it in the operator's form."""
         raise NotImplementedError
 
     def constant_taken_index(self, value, n: int) -> int:
-        """The branch a Python constant selector takes; ``CondArgumentError`` for a
-        constant that is no selector (None, a string, a complex number)."""
+        """Return the branch a Python constant takes, or raise ``CondArgumentError``."""
         return self.taken_index(value if self.is_constant(value) else self.normalize(value, n), n)
 
     def warn_if_exporting(self, value, stacklevel: int = 2) -> None:
-        """While exporting, warn that the Python constant selector ``value`` exports
-        only the branch it takes (``stacklevel`` as ``warnings.warn`` counts it from
-        here: 2 names this method's caller)."""
+        """While exporting, warn that the Python constant ``value`` exports only the
+        branch it takes. ``stacklevel`` counts from here, as in ``warnings.warn``, so
+        2 names this method's caller."""
         if _compat.is_exporting():
             warnings.warn(
                 f"{self.name}: argument '{self.selector_arg}' is the Python constant {value!r}, "
@@ -88,15 +90,15 @@ class ConditionalKind:
             )
 
     def taken_branch(self, selector, branches: Sequence[Callable]) -> Callable:
-        """The branch a concrete selector takes (the operator called with a Python
-        value that is no selector, such as None, raises as ``cond`` does)."""
+        """Return the branch that a concrete selector takes. A Python value that is no
+        selector, such as None, raises as it does in ``cond``."""
         n = len(branches)
         if isinstance(selector, torch.Tensor):
             return branches[self.taken_index(selector, n)]
         return branches[self.constant_taken_index(selector, n)]
 
     def call_below_autograd(self, selector, branches, operands):
-        """The operator again, past the Autograd key (its autograd rule already ran)."""
+        """Call the operator again below the Autograd key, after its autograd rule ran."""
         with _compat.below_autograd():
             return self.op(*pack(selector, branches, operands))
 
@@ -113,7 +115,7 @@ class _CondKind(ConditionalKind):
         return list(branches)
 
     def graph_names(self, root, n):
-        """``true_graph_i``/``false_graph_i`` with the first ``i`` free for both."""
+        """Return ``true_graph_i`` and ``false_graph_i`` for the first ``i`` free for both."""
         i = 0
         while hasattr(root, f"true_graph_{i}") or hasattr(root, f"false_graph_{i}"):
             i += 1
@@ -150,7 +152,7 @@ class _SwitchKind(ConditionalKind):
         return check_branch_list(branches)
 
     def graph_names(self, root, n):
-        """``branch_graph_i`` for the first ``n`` free ``i``."""
+        """Return ``branch_graph_i`` for the first ``n`` free values of ``i``."""
         names, i = [], 0
         for _ in range(n):
             while hasattr(root, f"branch_graph_{i}"):
@@ -186,10 +188,11 @@ def switch_kind(op) -> ConditionalKind:
     return _SwitchKind(op)
 
 
-# --- selectors, as module-level functions: the dynamo entry points in api.py call
-# them, and dynamo guards on every global a traced function reads, so these read only
-# module-level names of this module (no ``torch.X`` chains, no ConditionalKind
-# attributes).
+# --- selectors ------------------------------------------------------------------------
+# These are module-level functions because the dynamo entry points in api.py call them.
+# Dynamo guards on every global that a traced function reads. So these functions read
+# only this module's own names, with no ``torch.X`` chains and no ConditionalKind
+# attributes.
 
 _BOOL = torch.bool
 _Tensor = torch.Tensor
@@ -198,7 +201,7 @@ _sym_min, _sym_max = torch.sym_min, torch.sym_max
 
 
 def normalize_pred(pred):
-    """A symbolic or tensor predicate as the operator takes it: a SymBool or a 0-d bool."""
+    """Return a symbolic or tensor predicate as a SymBool or a 0-d bool tensor."""
     if isinstance(pred, _SymBool):
         return pred
     if isinstance(pred, (_SymInt, _SymFloat)):
@@ -219,9 +222,9 @@ def _bool_scalar(pred: torch.Tensor) -> torch.Tensor:
 
 
 def normalize_index(index, n: int):
-    """A symbolic or tensor index as the operator takes it, clamped to ``[0, n - 1]``.
+    """Return a symbolic or tensor index clamped to ``[0, n - 1]``.
 
-    Under dynamo a Python int or a SymInt both look like ints.
+    Under dynamo, a Python int and a SymInt both look like ints.
     """
     if isinstance(index, (_SymInt, int)) and not isinstance(index, bool):
         return _sym_min(_sym_max(index, 0), n - 1)  # clamp_index, kept symbolic
@@ -243,7 +246,7 @@ def check_callables(fns, names) -> None:
 
 
 def check_branch_list(branches) -> list:
-    """switch's ``branches``: a non-empty list or tuple of callables, as a list."""
+    """Check switch's ``branches``, a non-empty list or tuple of callables; return a list."""
     if not isinstance(branches, (list, tuple)):
         raise CondArgumentError(
             "switch: argument 'branches' must be a list or tuple of callables; found "
@@ -293,16 +296,16 @@ def check_index_tensor(index: torch.Tensor) -> None:
 
 
 # --- the switch index rule ----------------------------------------------------------
-# An out-of-range index is clamped to [0, n - 1], in every mode: a negative one takes
-# the first branch, a large one the last (as jax.lax.switch). clamp_index is the rule,
-# on a Python int. Where the index is something else, the rule is written again, and
-# each copy names this place:
-#   normalize_index         a SymInt: sym_min/sym_max keep the graph symbolic;
-#   clamped_switch_indices  a tensor, in every mode (a uint64 past int64 wraps first);
-#   csrc/eager.cpp          taken_case, the eager fast path: in C, no Python call;
-#   csrc/select_plan.h      clamp_branch: per element in select_n's kernels (CPU, CUDA);
-#   _compat/inductor.py     _clamped: Inductor's IR, a tensor or a sympy expression;
-#   _src/to_onnx.py         no clamp: it falls out of the chain of `index < k` tests.
+# An out-of-range index is clamped to [0, n - 1] in every mode. A negative index takes
+# the first branch, and a large one takes the last, as in jax.lax.switch. clamp_index
+# is the rule for a Python int. Each other index type has its own copy of the rule,
+# and each copy names this place:
+#   normalize_index         a SymInt. sym_min/sym_max keep the graph symbolic.
+#   clamped_switch_indices  a tensor, in every mode. A uint64 past int64 wraps first.
+#   csrc/eager.cpp          taken_case, the eager fast path, in C with no Python call.
+#   csrc/select_plan.h      clamp_branch, per element in select_n's kernels (CPU, CUDA).
+#   _compat/inductor.py     _clamped, in Inductor's IR (a tensor or a sympy expression).
+#   _src/to_onnx.py         no clamp. It falls out of the chain of `index < k` tests.
 
 
 def clamp_index(index: int, n: int) -> int:
@@ -311,8 +314,7 @@ def clamp_index(index: int, n: int) -> int:
 
 
 def host_index(index) -> int:
-    """A concrete index as a Python int. ``int()`` of a uint64 tensor at or above 2**63
-    overflows; ``item()`` gives the true value, which then clamps to the last branch."""
+    """Return a concrete index as a Python int, exact for a uint64 at or above 2**63."""
     return int(index.item()) if isinstance(index, torch.Tensor) else int(index)
 
 
@@ -320,13 +322,10 @@ _INT64_MAX = torch.iinfo(torch.int64).max
 
 
 def clamped_switch_indices(index: torch.Tensor, n: int) -> torch.Tensor:
-    """The index clamped to ``[0, n - 1]`` as int64, in every mode (``clamp_index``
-    on a tensor).
-
-    int64 first: a narrow dtype (uint8, int8) cannot even hold ``n - 1`` for many
-    branches. A uint64 value at or above 2**63 wraps to a negative int64; it is large,
-    so it takes the last branch, as on the host and in ``select_n``'s kernel.
-    """
+    """Return the index clamped to ``[0, n - 1]`` as int64, in every mode.
+    It widens first, because a narrow dtype (uint8, int8) may not hold ``n - 1``.
+    A uint64 at or above 2**63 wraps to a negative int64. It is reset to the int64 maximum,
+    so it takes the last branch, as on the host and in ``select_n``'s kernel."""
     wide = index.to(torch.int64)
     if index.dtype == torch.uint64:
         wide = torch.where(wide < 0, _INT64_MAX, wide)
@@ -337,7 +336,7 @@ COND_NAME, SWITCH_NAME = "torchcond_cond", "torchcond_switch"  # the operators' 
 
 
 def is_conditional_op(op) -> bool:
-    """``op`` is ``torchcond_cond`` or ``torchcond_switch``."""
+    """Whether ``op`` is ``torchcond_cond`` or ``torchcond_switch``."""
     return isinstance(op, _compat.HigherOrderOperator) and _compat.hop_name(op) in (
         COND_NAME,
         SWITCH_NAME,
@@ -354,7 +353,7 @@ def pack(selector, branches: Sequence, operands: tuple) -> tuple:
 
 
 def python_scalar(value):
-    """NumPy scalars (np.bool_, np.float32, ...) as the Python numbers they hold."""
+    """Return a NumPy scalar (np.bool_, np.float32, ...) as the Python number it holds."""
     if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
         return value.item()
     return value

@@ -1,11 +1,11 @@
-"""Several branches' outputs: whether they agree, and merged into one fake output.
+"""Check that several branches' outputs agree, and merge them into one fake output.
 
 ``check_agreement`` is the one rule for whether branches' outputs can be one
-conditional's, used by every path: tracing (here, below), every branch run and
-selected (strategies.py, with equal shapes on top) and dynamo's speculation.
+conditional's. Every path uses it: tracing (below), running and selecting every
+branch (strategies.py, which also needs equal shapes), and dynamo's speculation.
 
-Where the taken branch is unknown (fake tensors, meta tensors, symbolic predicates)
-every branch runs, and their outputs must agree on everything but sizes. Sizes that
+Where the taken branch is unknown (fake tensors, meta tensors, symbolic predicates),
+every branch runs. Their outputs must then agree on everything but sizes. Sizes that
 differ become fresh unbacked SymInts whose range covers every branch.
 """
 
@@ -29,8 +29,8 @@ def merge_branch_outputs(
     shape_env=None,
     outside: frozenset = frozenset(),
 ) -> tuple[torch.Tensor, ...]:
-    """Return fresh empty tensors describing every branch's outputs at once;
-    ``outside``: the data-dependent size symbols bound around the conditional."""
+    """Return fresh empty tensors that describe every branch's outputs at once.
+    ``outside`` holds the data-dependent size symbols bound around the conditional."""
     check_agreement(branch_outputs, labels)
     return tuple(
         _merge_leaf(j, leaves, labels, shape_env, outside)
@@ -53,9 +53,9 @@ def check_agreement(
     selected: bool = False,
 ) -> None:
     """Raise ``BranchMismatchError`` unless the branches' flat outputs can be one
-    conditional's: the same pytree structure (``specs``, one per branch, when known),
-    count, dtype, device, layout and rank per output; with ``selected`` (every branch
-    runs and a select picks), the same shapes too."""
+    conditional's. They need the same pytree structure (``specs``, one per branch, when
+    known) and count. Each output needs the same dtype, device, layout and rank. With
+    ``selected`` (every branch runs and a select picks), the shapes must match too."""
     if specs is not None:
         check_same_structure(labels, specs)
     if not _dynamo_compiling() and type(branch_outputs) is list:
@@ -84,8 +84,7 @@ def check_agreement(
 
 
 def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal shapes; sizes a trace cannot compare (made from data) are assumed equal,
-    and asserted at run time."""
+    """Equal shapes. Data-dependent sizes are assumed equal and asserted at run time."""
     return a.dim() == b.dim() and all(map(_compat.assume_same_size, a.shape, b.shape))
 
 
@@ -128,11 +127,9 @@ def _merge_sizes(j: int, leaves, labels, shape_env, outside) -> tuple[list, bool
 
 
 def _merge_strides(leaves, sizes, sizes_agree: bool) -> list:
-    """Shared strides when every branch has them, else contiguous ones.
-
-    When branches disagree, tracing (subgraph.align_output_layouts) makes each branch
-    return a contiguous tensor, so the promise holds at run time too.
-    """
+    """Return the shared strides if every branch has them, else contiguous ones.
+    When branches disagree, tracing makes each branch return a contiguous tensor
+    (subgraph.align_output_layouts), so the promise holds at run time too."""
     first = leaves[0]
     if sizes_agree and all(_same_strides(t, first) for t in leaves[1:]):
         return list(first.stride())
@@ -140,7 +137,7 @@ def _merge_strides(leaves, sizes, sizes_agree: bool) -> list:
 
 
 def same_layout(tensors) -> bool:
-    """Same sizes and strides, statically, across ``tensors``."""
+    """Whether all ``tensors`` have the same sizes and strides, statically."""
     first = tensors[0]
     return all(
         len(t.shape) == len(first.shape)

@@ -1,25 +1,28 @@
-"""Conditionals under dispatch modes that trace nothing: a user's ``TorchDispatchMode``,
-a mode that takes higher-order operators (``DebugMode``), and ``FlopCounterMode``.
+"""Conditionals under dispatch modes that trace nothing.
 
-torch's own modes (fake, proxy, functional) have rules of their own in ops.py.
-torch finds a mode's rule by the mode's exact type, so every other mode would get
-none. What the mode on top of the dispatch stack gets here:
+These modes are a user's ``TorchDispatchMode``, a mode that takes higher-order
+operators (``DebugMode``), and ``FlopCounterMode``. torch's own modes (fake, proxy,
+functional) have their own rules in ops.py. torch finds a mode's rule by the mode's
+exact type, so every other mode would get no rule. This module handles the mode on
+top of the dispatch stack:
 
-* a mode with no rule (a user's logging mode): the conditional is a Python ``if``.
-  The taken branch runs with the mode still active, so the mode sees its aten ops and
-  no others, and autograd records them (this runs at the Autograd key, ahead of the
-  conditional's autograd rule). When the selector cannot be read (meta, fake, or a
-  trace beneath the mode), the mode steps aside: the conditional runs as it would
-  without it, and the mode sees none of its branches' ops.
-* a mode with ``supports_higher_order_operators`` (torch's contract): the operator
-  itself, in its ``__torch_dispatch__``, with the mode popped. Calling it back runs
-  the conditional as it would without the mode (a Python ``if`` for a readable
-  selector). ``NotImplemented`` makes it a mode with no rule (above).
-* ``FlopCounterMode``: what it counts for ``torch.cond`` (its upper bound: for each
-  module and op the largest count of any branch), through torch's own code, N
-  branches as nested two-way conditionals. With a readable selector the taken branch
-  runs for real, under autograd (its backward counts as a Python ``if``'s would), and
-  the others run on fake copies of their operands, so they read and write nothing.
+* A mode with no rule, such as a user's logging mode, sees a Python ``if``. The taken
+  branch runs with the mode still active. The mode sees that branch's aten ops and no
+  others, and autograd records them. This runs at the Autograd key, ahead of the
+  conditional's autograd rule. When the selector cannot be read (meta, fake, or a
+  trace beneath the mode), the mode steps aside. The conditional then runs as it would
+  without the mode, and the mode sees none of its branches' ops.
+* A mode with ``supports_higher_order_operators`` (torch's contract) gets the operator
+  itself in its ``__torch_dispatch__``, with the mode popped. Calling the operator
+  back runs the conditional as it would without the mode, which is a Python ``if``
+  for a readable selector. A mode that returns ``NotImplemented`` is treated as a
+  mode with no rule.
+* ``FlopCounterMode`` counts what it counts for ``torch.cond``. That is an upper
+  bound: for each module and op, the largest count of any branch. torch's own code
+  does the count, with N branches as nested two-way conditionals. With a readable
+  selector, the taken branch runs for real under autograd, so its backward counts as
+  a Python ``if``'s would. The other branches run on fake copies of their operands,
+  so they read and write nothing.
 """
 
 from __future__ import annotations
@@ -35,15 +38,14 @@ from .._compat import pytree
 from .host import UNDER_MODE, host_readable, traces
 from .kinds import ConditionalKind, pack
 
-# What the mode on top of the dispatch stack is to a conditional.
+# The kinds of mode that can be on top of the dispatch stack.
 USER, TAKES_HOPS, COUNTS_FLOPS = "user", "takes higher-order operators", "counts flops"
-USER_MODES = (USER, TAKES_HOPS)  # what ``python_key_rule`` takes (the others: py_impl)
+USER_MODES = (USER, TAKES_HOPS)  # the kinds python_key_rule handles (the others use py_impl)
 
 
 def kind_of(op, mode) -> str | None:
-    """``USER``, ``TAKES_HOPS`` or ``COUNTS_FLOPS``; None for a mode that traces (it
-    has a rule of ours, as torch's fake, proxy and functional modes do) and for a
-    subclass of one (torch's lookup does not find its base's rule: left to torch)."""
+    """Return ``USER``, ``TAKES_HOPS`` or ``COUNTS_FLOPS`` for ``mode``. Return None for
+    a mode that traces and for a subclass of one (see ``host.traces``)."""
     if type(mode) is _compat.FlopCounterDispatchMode:
         return COUNTS_FLOPS
     if traces(op, mode):
@@ -60,14 +62,15 @@ def top_kind(op) -> str | None:
 
 
 def takes_first(op) -> bool:
-    """A mode that traces nothing is on top: it takes the conditional at the Autograd
-    key, ahead of the conditional's autograd rule (which, seeing a mode, would treat the
-    selector as unreadable and run every branch to find closures)."""
+    """Whether a mode that traces nothing is on top and takes the conditional first."""
+    # The mode takes it at the Autograd key, ahead of the conditional's autograd rule.
+    # Seeing a mode, that rule would treat the selector as unreadable and run every
+    # branch to find closures.
     return bool(_compat.len_dispatch_stack()) and top_kind(op) is not None
 
 
 def autograd_rule(ckind: ConditionalKind, selector, branches, operands):
-    """At the Autograd key, for a mode that ``takes_first``."""
+    """The rule at the Autograd key, for a mode that ``takes_first``."""
     kind = top_kind(ckind.op)
     if kind == COUNTS_FLOPS:
         with _compat.pop_dispatch_mode() as mode:
@@ -76,7 +79,8 @@ def autograd_rule(ckind: ConditionalKind, selector, branches, operands):
 
 
 def python_key_rule(kind: ConditionalKind, selector, branches, operands):
-    """At the Python key, for a mode of kind ``USER`` or ``TAKES_HOPS`` (``dispatch``)."""
+    """The rule at the Python key, for a mode of kind ``USER`` or ``TAKES_HOPS``.
+    The operator's ``dispatch`` calls it."""
     if top_kind(kind.op) == TAKES_HOPS:
         with _compat.pop_dispatch_mode() as mode:
             out = mode.__torch_dispatch__(kind.op, [], pack(selector, branches, operands), {})
@@ -86,7 +90,7 @@ def python_key_rule(kind: ConditionalKind, selector, branches, operands):
 
 
 def user_mode_rule(kind: ConditionalKind, selector, branches, operands):
-    """A Python ``if`` under the mode; a conditional beneath it when unreadable."""
+    """Run a Python ``if`` under the mode, or the conditional beneath it if unreadable."""
     if host_readable(selector, UNDER_MODE, kind.op):
         return kind.taken_branch(selector, branches)(*operands)
     with _compat.pop_dispatch_mode():
@@ -94,12 +98,13 @@ def user_mode_rule(kind: ConditionalKind, selector, branches, operands):
 
 
 def flop_rule(kind: ConditionalKind, mode, selector, branches, operands):
-    """``FlopCounterMode``'s count for the conditional (``mode`` popped), and its value.
+    """Count the conditional for ``FlopCounterMode`` (``mode`` popped) and return its value.
 
-    Readable: the taken branch's output, from its one run for real; the others run on
-    fake copies. Otherwise every branch runs as given (on fake copies where operands
-    are real, as under a real-tensor make_fx trace), outside any make_fx trace, and the
-    value is the conditional's as it would be without the mode.
+    With a readable selector, the value is the taken branch's output from its one real
+    run, and the other branches run on fake copies. Otherwise every branch runs outside
+    any make_fx trace. Where operands are real, the branches run on fake copies, as
+    under a real-tensor make_fx trace. The value is then the conditional's as it would
+    be without the mode.
     """
     labels = [f"torchcond.{kind.name}'s {label}" for label in kind.labels(len(branches))]
     if host_readable(selector, UNDER_MODE, kind.op):
@@ -122,22 +127,22 @@ def flop_rule(kind: ConditionalKind, mode, selector, branches, operands):
         fns = [_without_grad(b) for b in branches]
     with _compat.disable_proxy_modes_tracing():
         upper_bound(mode, fns, operands)
-    # The value, counted by nobody: the rules below may call branch graphs below the
-    # Autograd key, where the counter's module tracker would fail (_compat).
+    # Nobody counts the run that gives the value. The rules below may call branch graphs
+    # below the Autograd key, where the counter's module tracker would fail (_compat).
     with _compat.modules_untracked(mode):
         return kind.op(*pack(selector, branches, operands))
 
 
 def upper_bound(mode, fns: Sequence[Callable], operands: tuple) -> None:
-    """Count ``fns`` as torch counts ``torch.cond``: ``fns[0]`` against the rest, the
-    rest as a conditional of their own (``mode`` popped on entry)."""
+    """Count ``fns`` as torch counts ``torch.cond``, with ``mode`` popped on entry.
+    ``fns[0]`` is counted against the rest, and the rest form a conditional of their own."""
     if len(fns) == 1:
         with mode:
             fns[0](*operands)
         return
 
     def rest(*args):
-        with _compat.pop_dispatch_mode():  # the outer count pushed ``mode``; so does this one
+        with _compat.pop_dispatch_mode():  # the outer count pushed ``mode``, and so will this
             upper_bound(mode, fns[1:], args)
 
     _compat.count_cond_flops(mode, fns[0], fns[1] if len(fns) == 2 else rest, operands)
@@ -152,10 +157,12 @@ def _without_grad(branch: Callable) -> Callable:
 
 
 def _on_fake(counting, branch: Callable, label: str) -> Callable:
-    """``branch`` run for its count only, on fake tensors: a fake mode beneath the
-    counting one makes what it creates fake, and every real tensor a torch function
-    gets (operand or closure) is replaced by a fake copy, so nothing real is read or
-    written. A branch that cannot run on fake tensors is not counted, with a warning.
+    """Return a run of ``branch`` on fake tensors, only for its count.
+
+    A fake mode beneath the counting one makes new tensors fake. Each real tensor that
+    a torch function gets, operand or closure, is replaced by a fake copy. So nothing
+    real is read or written. A branch that cannot run on fake tensors is not counted,
+    and a warning says so.
     """
 
     def run(*args):
@@ -181,7 +188,7 @@ def _on_fake(counting, branch: Callable, label: str) -> Callable:
 
 
 class _Fakes(torch.overrides.TorchFunctionMode):
-    """Hands torch functions a fake copy of each real tensor, the same one each time."""
+    """Gives torch functions a fake copy of each real tensor, the same copy each time."""
 
     def __init__(self, fake_mode):
         super().__init__()

@@ -1,13 +1,13 @@
-"""Python numbers among a branch's outputs: ``int``, ``bool``, ``float`` and their
-symbolic kinds (``SymInt``, ``SymBool``, ``SymFloat``).
+"""Python numbers among a branch's outputs. These are ``int``, ``bool``, ``float`` and
+their symbolic kinds (``SymInt``, ``SymBool``, ``SymFloat``).
 
-The operators return tensors only, so a number leaf crosses the operator as a 0-d
-tensor (``carried``) and comes back as a number (``restored``): eagerly the taken
-branch's value; traced, the constant every branch returns, or else an unbacked
-symbol whose range covers every branch's value, asserted at run time. Where every
-branch runs and a select picks each element (``strategy="select"``, vmap with a
-per-example selector), a number that differs between branches stays a 0-d tensor,
-as in JAX.
+The operators return tensors only. A number leaf crosses the operator as a 0-d tensor
+(``carried``) and comes back as a number (``restored``). Eagerly, the number is the
+taken branch's value. In a trace, it is the constant that every branch returns. If
+the branches disagree, it is an unbacked symbol whose range covers every branch's
+value, and the range is asserted at run time. Sometimes every branch runs and a
+select picks each element (``strategy="select"``, or vmap with a per-example
+selector). There a number that differs between branches stays a 0-d tensor, as in JAX.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ _KINDS = {
     torch.SymInt: "int",
     torch.SymFloat: "float",
 }
-# A bool crosses as an int64 0 or 1: Inductor's post-grad passes (torch 2.13) fail
-# comparing the unbacked SymBool an item() of a bool tensor makes.
+# A bool crosses as an int64 0 or 1. Inductor's post-grad passes (torch 2.13) fail when
+# they compare the unbacked SymBool that item() makes from a bool tensor.
 _DTYPES = {"bool": torch.int64, "int": torch.int64, "float": torch.float64}
 
 
 def kind(leaf) -> str:
-    """``bool``, ``int`` or ``float`` for a number leaf, ``Tensor`` for a tensor, else the
-    leaf's type name."""
+    """Return ``bool``, ``int`` or ``float`` for a number leaf and ``Tensor`` for a tensor.
+    Return the type name of any other leaf."""
     if isinstance(leaf, torch.Tensor):
         return "Tensor"
     found = _KINDS.get(type(leaf))
@@ -44,11 +44,12 @@ def kind(leaf) -> str:
 
 
 def carried(value, path: str, label: str, device: torch.device | None = None) -> torch.Tensor:
-    """``value`` as the 0-d tensor the operator returns in its place, on ``device``
-    (the selector's: a select takes every value on one device), else the CPU."""
+    """Return ``value`` as the 0-d tensor that the operator returns in its place. The
+    tensor is on ``device``, or on the CPU if ``device`` is None. Callers pass the
+    selector's device, because a select takes every value on one device."""
     try:
         return torch.scalar_tensor(value, dtype=_DTYPES[kind(value)], device=device)
-    except RuntimeError as error:  # an int beyond int64
+    except RuntimeError as error:  # The int does not fit in int64.
         raise UnsupportedCondError(
             f"{label} output: {path} is the int {value!r}, which does not fit in int64, "
             "the widest integer a conditional's output can carry"
@@ -73,15 +74,15 @@ def _article(kind_name: str) -> str:
 
 
 def restored(out: torch.Tensor, values: list, n_branches: int, path: str, selected: bool):
-    """The conditional's number at ``path``: ``out`` is the operator's 0-d tensor for
-    it, ``values`` what the branches that ran returned there."""
+    """Return the conditional's number at ``path``. ``out`` is the operator's 0-d tensor
+    for it. ``values`` holds what the branches that ran returned there."""
     if len(values) == n_branches and _all_same(values):
         return values[0]
     is_bool = kind(values[0]) == "bool"
     if selected or _compat.is_vmapped(out):
         return out != 0 if is_bool else out
     if _compat.is_real_tensor(out) and _compat.active_fx_tracer() is None:
-        # Eagerly (a mode that traces nothing included), the taken branch's value.
+        # Eagerly, or under a mode that traces nothing, this is the taken branch's value.
         number = out.item()
         return bool(number) if is_bool else number
     mode = _compat.fake_mode_of([out])
@@ -106,7 +107,7 @@ def restored(out: torch.Tensor, values: list, n_branches: int, path: str, select
 
 
 def _all_same(values) -> bool:
-    """Every branch returns the same constant, or the same size expression."""
+    """True when every branch returns the same constant or the same size expression."""
     first = values[0]
     if type(first) in (bool, int, float):
         return all(type(v) is type(first) and v == first for v in values[1:])
@@ -117,19 +118,20 @@ def _all_same(values) -> bool:
 
 # --- under dynamo -----------------------------------------------------------------------
 #
-# Dynamo speculates each branch and rebuilds the node's output itself, so the Python
-# values the branches returned reach the code after the call only through the
-# output's structure: a number leaf becomes a ``Carried*`` named tuple of the 0-d
-# tensor (a graph output) and the number itself (a constant, which dynamo keeps out
-# of the graph and puts the first branch's back; the dynamo hook takes a symbol out
-# of the graph too). The hook (``_compat/dynamo.py``) replaces that constant with
-# what every branch returned there (``dynamo_info``), and ``restored_under_dynamo``
-# reads it.
+# Dynamo speculates each branch and rebuilds the node's output itself. The Python
+# values that the branches returned reach the code after the call only through the
+# output's structure. So a number leaf becomes a ``Carried*`` named tuple. It holds the
+# 0-d tensor, which is a graph output, and the number itself, which is a constant.
+# Dynamo keeps constants out of the graph and puts back the first branch's value. The
+# dynamo hook also takes a symbol out of the graph. The hook (``_compat/dynamo.py``)
+# replaces that constant with what every branch returned there (``dynamo_info``).
+# ``restored_under_dynamo`` then reads it.
 
 
-# A number leaf under dynamo: its 0-d tensor and its value, one named tuple per kind
-# (a kind the branches disagree on is a structure they disagree on). Named tuples,
-# as dynamo drops what a branch stored on an instance of a class of its own.
+# A number leaf under dynamo holds its 0-d tensor and its value. Each kind has its own
+# named tuple, so branches that disagree on a kind also disagree on the structure.
+# These are named tuples because dynamo drops what a branch stores on an instance of a
+# class of its own.
 CarriedBool = collections.namedtuple("CarriedBool", ["tensor", "value"])
 CarriedInt = collections.namedtuple("CarriedInt", ["tensor", "value"])
 CarriedFloat = collections.namedtuple("CarriedFloat", ["tensor", "value"])
@@ -139,24 +141,25 @@ _CARRIED_KINDS = {carried_type: name for name, carried_type in _CARRIED.items()}
 
 
 def carried_under_dynamo(leaf, label: str):
-    """``leaf`` as the branch returns it under dynamo: a ``Carried`` for a number."""
+    """Return ``leaf`` as the branch returns it under dynamo. A number becomes a
+    ``Carried``."""
     if not isinstance(leaf, NUMBER_TYPES):
         return leaf
-    # Dynamo sees a SymInt as an int: the named tuple's kind is the Python type's. It
-    # refuses a SymFloat among a branch's outputs, so a float's value is None: the
-    # hook reads it from the graph, where the tensor is made of it.
+    # Dynamo sees a SymInt as an int, so a SymInt uses the int's named tuple. Dynamo
+    # refuses a SymFloat among a branch's outputs, so a float's value is None. The hook
+    # reads the float from the graph, where the tensor is made from it.
     kind_name = _KINDS[type(leaf)]
     value = None if kind_name == "float" else leaf
     return _CARRIED[kind_name](carried(leaf, "a number", label), value)
 
 
 def dynamo_info(values: list, shape_env) -> tuple:
-    """What ``restored_under_dynamo`` needs of one number leaf, from each branch's
-    value there: ``("same", constant)``, or ``("symbol", lower, upper)`` (bounds of
-    an int, None where unbounded)."""
+    """Return what ``restored_under_dynamo`` needs to know of one number leaf. This is
+    ``("same", constant)``, or ``("symbol", lower, upper)``. The bounds are an int's,
+    and None where unbounded."""
     if type(values[0]) in (bool, int, float) and _all_same(values):
         return ("same", values[0])
-    if not all(type(v) in (int, torch.SymInt) for v in values):  # a float, a bool
+    if not all(type(v) in (int, torch.SymInt) for v in values):  # A float or a bool gets no bounds.
         return ("symbol", None, None)
     ranges = [_compat.sym_range(shape_env, v) for v in values]
     lower = _compat.finite_bound(min(r[0] for r in ranges))
@@ -164,8 +167,8 @@ def dynamo_info(values: list, shape_env) -> tuple:
 
 
 def restored_under_dynamo(out):
-    """``out`` (the conditional's output under dynamo) with each ``Carried`` leaf
-    restored from the information the dynamo hook left in it."""
+    """Restore each ``Carried`` leaf of ``out``, the conditional's output under dynamo.
+    Each leaf holds the information that the dynamo hook left in it."""
     return pytree.tree_map(
         lambda leaf: _restored_carried(leaf) if isinstance(leaf, Carried) else leaf,
         out,
@@ -178,8 +181,8 @@ def _restored_carried(carried_leaf):
     if info[0] == "same":
         return info[1]
     if _compat.transforms_active():
-        # The number would be read from a tensor the transform wraps, which
-        # torch.func cannot turn into a number while dynamo traces.
+        # The number would come from a tensor that the transform wraps. torch.func
+        # cannot turn such a tensor into a number while dynamo traces.
         raise UnsupportedCondError(
             "a Python number that differs between branches is not supported under "
             "torch.compile inside a torch.func transform; return it as a tensor"
@@ -194,8 +197,8 @@ def _restored_carried(carried_leaf):
 
 
 def value_positions(spec) -> dict[int, int]:
-    """For each ``Carried`` in an output of structure ``spec``: the flat position of
-    its value, mapped to that of its tensor."""
+    """Map the flat position of each ``Carried`` value in an output of structure
+    ``spec`` to the flat position of its tensor."""
     if spec is None:
         return {}
     tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
@@ -211,9 +214,9 @@ def value_positions(spec) -> dict[int, int]:
 
 
 def check_kinds_in_specs(labels, specs) -> None:
-    """Under dynamo, where the branches' output structures differ: raise
-    ``BranchMismatchError`` if they differ only in the kind of a leaf (a ``Carried*``
-    against a tensor or another kind)."""
+    """Raise ``BranchMismatchError`` if the branches' output structures differ only in
+    a leaf's kind, such as a ``Carried*`` against a tensor or another kind. This runs
+    under dynamo when the structures differ."""
     if any(spec is None for spec in specs):
         return
     kinds, structures, paths = [], [], []

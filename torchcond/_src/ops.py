@@ -1,13 +1,13 @@
 """The operators ``torchcond_cond`` and ``torchcond_switch`` and their dispatch rules.
 
 Both are one conditional over N branches, called as ``op(selector, *branches,
-operands)``; they differ in how the selector picks a branch and how graphs are named
-(see ``kinds.ConditionalKind``). Each dispatch key has one rule below, written once for
-N branches and installed on both operators.
+operands)``. They differ in how the selector picks a branch and how graphs are named
+(see ``kinds.ConditionalKind``). Each dispatch key has one rule below. Each rule is
+written once for N branches and installed on both operators.
 
-Operator contract (what the rules receive): ``operands`` is a flat tuple of tensors
-(and SymInts once closures are lifted); every branch takes ``*operands`` and returns a
-flat tuple of tensors. ``api.py`` builds that from the user's pytrees.
+The rules rely on this operator contract. ``operands`` is a flat tuple of tensors, plus
+SymInts once closures are lifted. Every branch takes ``*operands`` and returns a flat
+tuple of tensors. ``api.py`` builds these from the user's pytrees.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ from .untraced import labelled_inputs, refuse_untraced, refuse_wrapped_in_export
 class _ConditionalOp(_compat.HigherOrderOperator):
     def dispatch(self, /, dispatch_key, *args, **kwargs):
         # torch finds a mode's rule by the mode's exact type, so a user's mode would
-        # have none: modes.py has the one rule for them all.
+        # have none. modes.py has one rule for all of them.
         if dispatch_key == DispatchKey.Python and top_kind(self) in USER_MODES:
             return python_key_rule(kind_of(self), *unpack(args))
         return super().dispatch(dispatch_key, *args, **kwargs)
@@ -86,7 +86,7 @@ class CondOp(_ConditionalOp):
     def __init__(self):
         super().__init__(COND_NAME)
 
-    # HigherOrderOperator.__call__ is abstract: each operator states its signature.
+    # HigherOrderOperator.__call__ is abstract, so each operator states its signature.
     def __call__(self, pred, true_fn, false_fn, operands):
         return super().__call__(pred, true_fn, false_fn, operands)
 
@@ -94,8 +94,8 @@ class CondOp(_ConditionalOp):
 class SwitchOp(_ConditionalOp):
     """``torchcond_switch(index, branch_graph_0, ..., branch_graph_n, operands)``.
 
-    Branches are positional, not one tuple: torch.export's serialization schema has
-    an argument kind for a graph but none for a list of graphs.
+    The branches are positional, not one tuple. torch.export's serialization schema
+    has an argument kind for a graph but none for a list of graphs.
     """
 
     def __init__(self):
@@ -120,8 +120,8 @@ def kind_of(op) -> ConditionalKind:
 
 
 def _dense(kind: ConditionalKind, selector, branches, operands):
-    """On real tensors, runs the taken branch. A meta predicate cannot be read, so
-    every branch is merged."""
+    """Run the taken branch on real tensors. A meta selector cannot be read, so every
+    branch runs and their outputs are merged."""
     if isinstance(selector, torch.Tensor) and selector.device.type == "meta":
         real = [
             t.device for t in operands if isinstance(t, torch.Tensor) and t.device.type != "meta"
@@ -137,11 +137,11 @@ def _dense(kind: ConditionalKind, selector, branches, operands):
 
 
 def _fake(kind: ConditionalKind, mode: FakeTensorMode, selector, branches, operands):
-    """The selector is unknown: run every branch on fake tensors and merge."""
+    """Run every branch on fake tensors and merge the outputs, as the selector is unknown."""
     if _subclass_rule(kind.op, (selector, *operands)) is not None:
-        return NotImplemented  # e.g. DTensors: their rule (distributed.py) runs on locals
+        return NotImplemented  # e.g. DTensors, whose rule (distributed.py) runs on locals
     with mode:
-        # Unbacked sizes inside a branch are the subgraph's own; the merged sizes are
+        # Unbacked sizes inside a branch belong to the subgraph. The merged sizes are
         # fresh symbols of this node, so the tracer records where they come from.
         with _compat.ignore_fresh_unbacked(mode), state.every_branch_runs():
             outs = [tuple(b(*operands)) for b in branches]
@@ -150,7 +150,7 @@ def _fake(kind: ConditionalKind, mode: FakeTensorMode, selector, branches, opera
 
 
 def _subclass_rule(op, values):
-    """The rule ``op`` has for a tensor subclass among ``values`` (DTensor), or None."""
+    """Return ``op``'s rule for a tensor subclass among ``values`` (DTensor), or None."""
     for v in values:
         if isinstance(v, torch.Tensor) and type(v) in op.python_key_table:
             return op.python_key_table[type(v)]
@@ -158,9 +158,11 @@ def _subclass_rule(op, values):
 
 
 def _refuse_subclass_training(kind: ConditionalKind, selector, operands) -> None:
-    """AOTAutograd's joint trace (torch.compile with gradients) over tensor subclasses
-    with a rule of their own (DTensor) would differentiate branches over the subclass
-    while its tracer holds only the inner tensors: refused by name, not failed inside."""
+    """Refuse AOTAutograd's joint trace over tensor subclasses with their own rule.
+
+    That trace (torch.compile with gradients) over a subclass such as DTensor would
+    differentiate the branches while its tracer holds only the inner tensors. A named
+    refusal is clearer than a failure deep inside."""
     if not torch.is_grad_enabled() or _compat.functional_mode() is None:
         return
     if host_readable(selector):
@@ -176,8 +178,8 @@ def _refuse_subclass_training(kind: ConditionalKind, selector, operands) -> None
 
 
 def _proxy(kind: ConditionalKind, mode: ProxyTorchDispatchMode, selector, branches, operands):
-    """One graph node whose branches are closure-free registered subgraphs."""
-    # The make_fx tracer (a PythonKeyTracer: it has .root and .unwrap_proxy).
+    """Record one graph node whose branches are closure-free registered subgraphs."""
+    # The make_fx tracer is a PythonKeyTracer, which has .root and .unwrap_proxy.
     tracer: Any = mode.tracer
     n_given = len(operands)
     found = pretraced(branches, tracer)
@@ -188,12 +190,12 @@ def _proxy(kind: ConditionalKind, mode: ProxyTorchDispatchMode, selector, branch
         graphs, written = found
     refuse_untraced(kind.name, labelled_inputs(selector, operands, n_given), tracer)
     if _compat.fake_mode_of(operands) is None:
-        # Real tensors: the node's value below comes from the taken branch alone, so
-        # check here that every branch's traced outputs agree, as the fake rule does.
+        # With real tensors, the node's value below comes from the taken branch alone.
+        # So check here that every branch's traced outputs agree, as the fake rule does.
         _merged(kind, graphs, [tuple(output_values(g)) for g in graphs], shape_env=None)
     if not output_values(graphs[0]):
-        # Branches that may not mutate their inputs and return nothing have no effect:
-        # checked and traced, but nothing to record.
+        # Branches that may not mutate their inputs and return nothing have no effect.
+        # They were checked and traced, but there is nothing to record.
         return ()
     for name, gm in zip(kind.graph_names(tracer.root, len(graphs)), graphs):
         tracer.root.register_module(name, gm)
@@ -206,26 +208,28 @@ def _proxy(kind: ConditionalKind, mode: ProxyTorchDispatchMode, selector, branch
 
 
 def _recorded_copy(mode, target: torch.Tensor, value: torch.Tensor) -> None:
-    with mode:  # the enclosing graph records the write, after the conditional
+    with mode:  # so the enclosing graph records the write after the conditional
         target.copy_(value)
 
 
 def _functional_copy(ctx, target: torch.Tensor, value: torch.Tensor) -> None:
-    """``target`` (a functional tensor) takes ``value`` as its new value, a mutation of
-    the graph's input where ``target`` is one (as auto_functionalize writes back)."""
+    """Give the functional tensor ``target`` the new value ``value``. If ``target`` is a
+    graph input, this records a mutation of it, as auto_functionalize writes back."""
     ctx.replace(target, value)
     ctx.commit_update(target)
     ctx.sync(target)
 
 
 def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands):
-    """Branches run functionalized; what they write to becomes extra outputs, written
-    back here to the functional tensors, so the program records input mutations."""
+    """Run the branches functionalized and write back what they write to.
+
+    Their writes become extra outputs. This rule writes them back to the functional
+    tensors, so the program records the input mutations."""
     labels = kind.labels(len(branches))
     tracer = _compat.active_fx_tracer()
     mode = getattr(ctx, "mode", None)
     if pretraced(branches, tracer, functional=True) is not None:
-        # The Autograd rule traced them functionalized in this session: recorded as is.
+        # The Autograd rule traced them functionalized in this session. Record them as is.
         written, branches = pending_writes(branches)
     elif mode is not None and tracer is not None:
         operands, written, branches = _traced_functionalized(
@@ -250,9 +254,10 @@ def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands
 
 
 def _traced_functionalized(tracer, mode, branches, operands, labels):
-    """Branches traced functionalized in the current session: the operands with the
-    closures lifted, the positions written, and the graphs handed on. A given graph
-    runs node by node, so the trace keeps its stack traces."""
+    """Trace the branches functionalized in the current session.
+
+    Returns the operands with the closures lifted, the written positions, and the graphs
+    to hand on. A given graph runs node by node, so the trace keeps its stack traces."""
     fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
     traced = trace_in_session(tracer, fns, tuple(operands), labels, mode)
     written, branches = pending_writes(traced.branches)
@@ -260,9 +265,10 @@ def _traced_functionalized(tracer, mode, branches, operands, labels):
 
 
 def _writes_found_by_running(ctx, mode, branches, operands, labels):
-    """Without a trace (AOTAutograd's metadata pass): the writes are found by running
-    the branches functionalized, so that the pass sees the same input mutations as the
-    trace. The positions written, and branches that return the new values."""
+    """Find the writes by running the branches functionalized, without a trace.
+
+    AOTAutograd's metadata pass then sees the same input mutations as a trace. Returns
+    the written positions and branches that also return the new values."""
     inner = ctx.unwrap_tensors(operands)
     fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
     written = writes_of(fns, mode, labels, inner)
@@ -270,31 +276,30 @@ def _writes_found_by_running(ctx, mode, branches, operands, labels):
 
 
 def _functionalized_by_ctx(ctx, fn, label: str):
-    """``fn`` functionalized by ``ctx``; a write to an input stays in its trace (C++
-    functionalization writes inputs back itself, Python's through
-    tracing.functionalized_writing_back)."""
+    """Return ``fn`` functionalized by ``ctx``, with writes to inputs kept in its trace.
+    The Python mode needs ``functionalized_writing_back`` for that. C++ does it itself."""
     mode = getattr(ctx, "mode", None)
     return ctx.functionalize(fn) if mode is None else functionalized_writing_back(fn, mode, label)
 
 
 def _functorch(kind: ConditionalKind, interpreter, selector, branches, operands):
-    """torch.func transforms: a Python `if` when the selector is readable.
+    """Run a torch.func transform's rule. A readable selector makes it a Python ``if``.
 
-    The taken branch runs on the transform's wrapped tensors, so grad/jvp/vmap apply
-    to it as they would to the same code written with `if`. Otherwise grad and jvp
-    differentiate the conditional into conditionals (autograd.py), and vmap maps
+    The taken branch then runs on the transform's wrapped tensors. So grad, jvp and vmap
+    apply to it as they would to the same code written with ``if``. Otherwise grad and
+    jvp differentiate the conditional into conditionals (autograd.py), and vmap maps
     every branch (batching.py).
     """
     if host_readable(selector, TRANSFORM, kind.op):
         out = kind.taken_branch(selector, branches)(*operands)
         return with_tangents(out) if interpreter.key() == _compat.JVP_TRANSFORM else out
-    # Strict export's dynamo pass (non-strict export refuses in _proxy, first).
+    # Strict export's dynamo pass gets here. Non-strict export refuses earlier, in _proxy.
     refuse_wrapped_in_export(kind.name, labelled_inputs(selector, operands, len(operands)))
     if interpreter.key() in _compat.DIFFERENTIATING_TRANSFORMS:
         if isinstance(selector, torch.Tensor) and _compat.is_vmapped(selector):
-            # A selector per example of an outer vmap (per-example gradients): every
-            # branch runs and a select picks, here, so the transform differentiates
-            # plain ops, tensors the branches close over included.
+            # The selector has one value per example of an outer vmap (per-example
+            # gradients). Every branch runs here and a select picks. The transform then
+            # differentiates plain ops, including tensors the branches close over.
             return run_all_and_select(
                 kind, selector, branches, operands, kind.labels(len(branches))
             )
@@ -303,12 +308,14 @@ def _functorch(kind: ConditionalKind, interpreter, selector, branches, operands)
 
 
 def call(kind: ConditionalKind, selector, branches, operands):
-    """``kind.op(selector, *branches, operands)``. Eagerly under a torch.func transform,
-    straight to the transform's rule (``_functorch``), where the operator's dispatch
-    would arrive after flattening its arguments a few times over."""
+    """Call ``kind.op(selector, *branches, operands)``.
+
+    Under an eager torch.func transform, this goes straight to the transform's rule
+    (``_functorch``). The operator's dispatch would get there only after flattening its
+    arguments several times."""
     vmap = _compat.eager_vmap_level(selector)
-    if vmap is not None:  # a selector per example: every branch runs and a select picks
-        # What torch's dispatch to a transform does first (dispatch_functorch).
+    if vmap is not None:  # one selector per example, so every branch runs and a select picks
+        # torch's dispatch to a transform does this first (dispatch_functorch).
         operands = tuple([_compat.unwrap_dead_tensor(t) for t in operands])
         return per_example(kind, *vmap, selector, branches, operands)
     interpreter = _compat.eager_functorch_interpreter()
@@ -320,7 +327,7 @@ def call(kind: ConditionalKind, selector, branches, operands):
 
 
 def _dead_wrappers(kind: ConditionalKind, selector, branches, operands):
-    """Tensors of a torch.func level that has ended are the tensors they wrap."""
+    """Treat tensors of an ended torch.func level as the tensors they wrap."""
     operands = tuple(map(_compat.unwrap_if_dead, operands))
     return kind.op(*pack(_compat.unwrap_if_dead(selector), branches, operands))
 
@@ -337,7 +344,7 @@ def _merged(kind, branches, outs, shape_env, outside: frozenset = frozenset()):
 
 
 def _check_named_outputs(branch_outputs, labels, out_spec) -> None:
-    """``merge.check_agreement``, its errors naming the output path in ``out_spec``."""
+    """Run ``merge.check_agreement``, with errors that name the output path in ``out_spec``."""
     try:
         check_agreement(branch_outputs, labels)
     except CondError as error:
@@ -353,8 +360,8 @@ def _install(kind: ConditionalKind) -> None:
 
     @op.py_impl(DispatchKey.Autograd)
     def autograd(*args):
-        # Not py_autograd_impl: that skips the rule when no operand requires grad,
-        # before closures (parameters a branch reads) have been made operands.
+        # This is not py_autograd_impl. That skips the rule when no operand requires
+        # grad, before closures (parameters a branch reads) become operands.
         if takes_first(op):  # a mode that traces nothing decides first (modes.py)
             return modes_autograd_rule(kind, *unpack(args))
         selector, branches, operands = unpack(args)

@@ -1,10 +1,11 @@
-"""The pytree boundary: user branches seen as flat functions, and flat positions named.
+"""The pytree boundary. User branches become flat functions, and flat positions get names.
 
 The operators see flat tuples of tensors only. ``api.py`` flattens the operands,
 wraps each branch in a ``FlatBranch`` and rebuilds the output from the ``Outputs``
-record those branches fill in as they run. A number a branch returns crosses the
-operator as a 0-d tensor and is restored here (``numbers.py``). Errors raised below it name flat positions
-(``CondError.at``); this module names them from the user's pytrees.
+record that those branches fill in as they run. A number that a branch returns
+crosses the operator as a 0-d tensor and is restored here (``numbers.py``). Errors
+raised below this layer name flat positions (``CondError.at``). This module names
+them from the user's pytrees.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .state import run_branch
 
 
 def describe_structure(spec: pytree.TreeSpec) -> str:
-    """A short picture of a pytree's shape, e.g. ``(Tensor, {'h': Tensor})``."""
+    """Return a short picture of a pytree's shape, such as ``(Tensor, {'h': Tensor})``."""
     marker = object()
     tree = pytree.tree_unflatten([marker] * spec.num_leaves, spec)
     return _render(tree, marker)
@@ -46,7 +47,7 @@ def _render(tree, marker) -> str:
 
 
 def leaf_paths(spec: pytree.TreeSpec | None, count: int, root: str = "output") -> list[str]:
-    """``output[1]['h']``-style names of a flattened pytree's leaves."""
+    """Return ``output[1]['h']``-style names for a flattened pytree's leaves."""
     if spec is None:
         return [f"{root}[{i}]" for i in range(count)]
     tree = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
@@ -56,15 +57,15 @@ def leaf_paths(spec: pytree.TreeSpec | None, count: int, root: str = "output") -
 
 
 class _NoOutput:
-    """Stands for a ``None`` in a branch's output: part of the structure, not a leaf.
+    """Stands for a ``None`` in a branch's output, as structure rather than a leaf.
 
-    torch's pytree makes ``None`` a leaf, which a conditional's flat outputs (tensors
-    only) cannot hold. As a node with no children it is checked like any structure
-    and comes back as ``None`` when the output is rebuilt, as in eager mode.
+    torch's pytree makes ``None`` a leaf, but a conditional's flat outputs hold only
+    tensors. As a node with no children, it is checked like any structure. It comes
+    back as ``None`` when the output is rebuilt, as in eager mode.
     """
 
 
-_Tensor = torch.Tensor  # a module-level name: dynamo reads it without an alias guard
+_Tensor = torch.Tensor  # Dynamo reads a module-level name without an alias guard.
 
 
 pytree.register_pytree_node(_NoOutput, lambda _: ([], None), lambda _values, _context: None)
@@ -73,8 +74,9 @@ _NO_OUTPUT = _NoOutput()
 
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _plain_tensors = _C.plain_tensors
-# The structures branches return most: one tensor, a tuple or list of tensors. Made
-# once, so flattening them is a type test and comparing them an identity test.
+# Branches most often return one tensor, or a tuple or list of tensors. Their specs are
+# made once, so flattening such an output is a type test and comparing specs is an
+# identity test.
 _LEAF = pytree.tree_structure(0)
 
 
@@ -84,9 +86,9 @@ def _sequence_spec(kind: type, n: int) -> pytree.TreeSpec:
 
 
 def flatten_output(out, label: str) -> tuple[list, pytree.TreeSpec]:
-    """A branch's output as flat tensors and numbers, and its structure (a ``None`` is
-    no leaf); ``label`` names the branch in an error."""
-    if not _dynamo_compiling():  # dynamo would guard on these types, and trace no cache
+    """Return a branch's output as flat tensors and numbers, and its structure. A
+    ``None`` is not a leaf. ``label`` names the branch in an error."""
+    if not _dynamo_compiling():  # Dynamo would guard on these types, and it cannot trace the cache.
         kind = type(out)
         if kind is _Tensor:
             return [out], _LEAF
@@ -107,7 +109,7 @@ def flatten_output(out, label: str) -> tuple[list, pytree.TreeSpec]:
 
 
 def unflatten_output(flat: Sequence, spec: pytree.TreeSpec):
-    """``flatten_output`` undone."""
+    """Undo ``flatten_output``."""
     if not _dynamo_compiling():
         if spec is _LEAF:
             return flat[0]
@@ -117,8 +119,8 @@ def unflatten_output(flat: Sequence, spec: pytree.TreeSpec):
 
 
 def check_same_structure(labels: Sequence[str], specs: Sequence[pytree.TreeSpec]) -> None:
-    """Raise ``BranchMismatchError`` unless every branch returned the pytree structure
-    the first one did (``merge.check_agreement``'s first rule)."""
+    """Raise ``BranchMismatchError`` unless every branch returned the first one's pytree
+    structure. This is ``merge.check_agreement``'s first rule."""
     first = specs[0]
     for label, spec in zip(labels[1:], specs[1:]):
         if spec is not first and spec != first:
@@ -132,20 +134,22 @@ def check_same_structure(labels: Sequence[str], specs: Sequence[pytree.TreeSpec]
 class Outputs:
     """The output structure of one conditional call, as its branches return it.
 
-    Every ``FlatBranch`` of the call records into the same ``Outputs``, which checks
-    that each branch returns the structure and leaf kinds (tensor, int, bool, float)
-    the first one did. The boundary reads ``spec`` to rebuild the user's output once
-    the operator has returned, and ``numbers`` to restore the number leaves.
+    Every ``FlatBranch`` of the call records into the same ``Outputs``. It checks that
+    each branch returns the same structure and leaf kinds (tensor, int, bool, float) as
+    the first one. After the operator returns, the boundary reads ``spec`` to rebuild
+    the user's output and ``numbers`` to restore the number leaves.
     """
 
     def __init__(self, number_device: torch.device | None = None):
-        # Where a number crosses the operator as a 0-d tensor (numbers.carried).
+        # The device on which a number crosses the operator as a 0-d tensor
+        # (numbers.carried).
         self.number_device = number_device
-        # The first branch's (label, structure, leaf kinds), in a list: dynamo on
-        # torch 2.13 loses an attribute set after it traces a higher-order operator (a
-        # branch holding a conditional) on an object whose __init__ set that attribute.
+        # The first branch's (label, structure, leaf kinds). It lives in a list because
+        # dynamo on torch 2.13 loses some attribute writes. After it traces a
+        # higher-order operator, such as a branch holding a conditional, it loses a
+        # write to an attribute that the object's __init__ set.
         self._first: list[tuple[str, pytree.TreeSpec, tuple[str, ...] | None]] = []
-        # Per number leaf's flat position, each branch's value there, by label.
+        # Maps each number leaf's flat position to each branch's value there, by label.
         self.numbers: dict[int, dict[str, object]] = {}
 
     @property
@@ -171,7 +175,7 @@ class Outputs:
             numbers.check_same_kinds([first_label, label], every, paths)
 
     def restored(self, flat_out: Sequence, n_branches: int, selected: bool) -> list:
-        """The operator's flat outputs with each number leaf restored (``numbers.py``)."""
+        """Return the operator's flat outputs with each number leaf restored."""
         flat = list(flat_out)
         if self.numbers:
             paths = leaf_paths(self.spec, len(flat))
@@ -182,8 +186,8 @@ class Outputs:
 
 
 class FlatBranch:
-    """A user branch seen with flat tensor operands and a flat tuple of outputs.
-    ``in_spec`` None: the operands are a flat tuple of tensors already."""
+    """A user branch that takes flat tensor operands and returns a flat tuple. An
+    ``in_spec`` of None means that the operands are already a flat tuple of tensors."""
 
     def __init__(self, fn: Callable, in_spec: pytree.TreeSpec | None, label: str, outputs: Outputs):
         self.fn = fn
@@ -218,14 +222,14 @@ class FlatBranch:
 def speculated(
     fn: Callable, label: str, in_spec: pytree.TreeSpec | None, leaves_only: bool = False
 ) -> Callable:
-    """A user branch as dynamo speculates it into a subgraph: taking flat operands
-    (the user's pytrees rebuilt) when ``in_spec`` is given.
+    """Return a user branch as dynamo speculates it into a subgraph. When ``in_spec``
+    is given, it takes flat operands and rebuilds the user's pytrees.
 
-    Dynamo drops what a branch stored on an object it made (an instance of a custom
-    pytree node) once the branch is traced, and only then flattens the outputs. Such
-    an output is refused here, by name; with ``leaves_only`` (nobody reads the
-    output's structure) the leaves are returned instead. Nothing is recorded, as
-    dynamo refuses side effects in a branch.
+    Once the branch is traced, dynamo drops what the branch stored on an object it
+    made, such as an instance of a custom pytree node. Only then does dynamo flatten
+    the outputs. So this refuses such an output by name. ``leaves_only`` means that
+    nobody reads the output's structure, and then the leaves are returned instead.
+    Nothing is recorded, because dynamo refuses side effects in a branch.
     """
 
     def run(*operands):
@@ -255,8 +259,8 @@ def speculated(
 
 
 def _object_in(tree) -> str | None:
-    """The type of the first value in ``tree`` that is neither a tensor, a number, a
-    string, None, nor a tuple, list or dict of those."""
+    """Return the type name of the first value in ``tree`` that is not a tensor, a
+    number, a string, None, or a tuple, list or dict of those."""
     items: Iterable
     if isinstance(tree, (tuple, list)):
         items = tree
@@ -276,12 +280,12 @@ def _object_in(tree) -> str | None:
 def run_flat(
     labelled_branches, operands, run: Callable, selected: bool = False, selector=None
 ) -> object:
-    """``run(flat_branches, flat_operands, labels)``, with the user's output pytree rebuilt.
-    ``selected``: every branch runs and a select picks (numbers stay 0-d tensors);
-    a number crosses on a tensor ``selector``'s device.
+    """Call ``run(flat_branches, flat_operands, labels)`` and rebuild the user's output.
 
-    A ``CondError`` raised below about a flat output or operand comes out naming it
-    as the user wrote it (``output[1]['h']``, ``operands[0]['k']``).
+    ``selected`` means that every branch runs and a select picks, so numbers stay 0-d
+    tensors. A number crosses on the device of a tensor ``selector``. A ``CondError``
+    raised below about a flat output or operand comes out naming it as the user wrote
+    it (``output[1]['h']``, ``operands[0]['k']``).
     """
     in_spec: pytree.TreeSpec | None
     if not _dynamo_compiling() and _plain_tensors(operands, False):
@@ -311,9 +315,9 @@ def raise_named(
     in_spec: pytree.TreeSpec | None,
     n_operands: int = 0,
 ) -> NoReturn:
-    """Raise ``error`` with the flat position it is about named from the user's output
-    and operand structures (``error`` itself when it names none). ``in_spec`` None:
-    ``n_operands`` operands, flat already."""
+    """Raise ``error`` with its flat position named from the user's output and operand
+    structures. Raise ``error`` itself when it names no position. An ``in_spec`` of
+    None means ``n_operands`` operands that are already flat."""
     count = 1 + error.path[1] if error.path else 0
     n_in = in_spec.num_leaves if in_spec is not None else n_operands
     in_names = leaf_paths(in_spec, n_in, root="operands")
@@ -325,11 +329,11 @@ def raise_named(
 
 def raise_if_arity_error(error: TypeError, fn: Callable, label: str, operands) -> None:
     """Raise a ``CondArgumentError`` naming the branch when ``fn`` cannot take the
-    operands at all; return (and let ``error`` propagate) when the ``TypeError``
-    came from inside the branch."""
+    operands at all. Return when the ``TypeError`` came from inside the branch, so
+    that the caller lets ``error`` propagate."""
     try:
         signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or C function without one
+    except (TypeError, ValueError):  # A builtin or C function may have no signature.
         return
     try:
         signature.bind(*operands)
@@ -343,7 +347,7 @@ def raise_if_arity_error(error: TypeError, fn: Callable, label: str, operands) -
 
 
 def check_operand_leaves(operands) -> None:
-    """Every leaf of ``operands`` (a tuple or list of pytrees) is a tensor."""
+    """Raise unless every leaf of ``operands`` (a tuple or list of pytrees) is a tensor."""
     leaves, _ = pytree.tree_flatten_with_path(operands)
     for path, leaf in leaves:
         if not isinstance(leaf, torch.Tensor):

@@ -1,19 +1,19 @@
-"""Inductor: a branch's write to an operand made in place again.
+"""An Inductor rewrite that makes a branch's write to an operand happen in place again.
 
-A traced conditional is functional: a branch that writes to an operand returns the
+A traced conditional is functional. A branch that writes to an operand returns the
 operand's new value, and the enclosing graph writes it back with ``copy_`` (see
 tracing.py). Compiled as it is, a one-row write into a large buffer costs the whole
-buffer several times over: the branch builds the new buffer, the untaken branch
+buffer several times over. The branch builds the new buffer, the untaken branch
 copies the old one, and ``copy_`` copies the result back.
 
-Where the graph does nothing with such an output but write it back into the operand
-it came from, and nothing reads the operand's old value afterwards, the branches can
-write in place instead, as the user's code did: the op that makes the new value
-(``index_put``) becomes its in-place form (``index_put_``) on the branch's input, a
-branch that leaves the operand alone returns nothing for it, and the conditional's
+The branches can often write in place instead, as the user's code did. This needs
+two things. The graph only writes such an output back into the operand it came from.
+Nothing reads the operand's old value afterwards. The op that makes the new value
+(``index_put``) then becomes its in-place form (``index_put_``) on the branch's input.
+A branch that leaves the operand alone returns nothing for it. The conditional's
 output is the operand itself, so the ``copy_`` has nothing to do. Inductor's
-conditional IR knows branches that mutate an operand (torch 2.13 on); the lowering
-(``_compat/inductor.py``) asks ``in_place`` for the rewritten branch graphs.
+conditional IR supports branches that mutate an operand from torch 2.13 on. The
+lowering (``_compat/inductor.py``) asks ``in_place`` for the rewritten branch graphs.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ _CLONE = torch.ops.aten.clone.default
 def in_place(
     node: torch.fx.Node, graphs: Sequence[torch.fx.GraphModule]
 ) -> tuple[list[torch.fx.GraphModule], dict[int, int]] | None:
-    """Branch graphs of conditional ``node`` that write in place, and ``{output:
-    operand}`` for the outputs they no longer return (the last ones); None when no
-    output can go, or some branch cannot write one of them in place."""
+    """Return branch graphs of conditional ``node`` that write in place, and a plan.
+
+    The plan is ``{output: operand}`` for the outputs that the branches no longer
+    return. These are always the last outputs. Return None when no output can go, or
+    when some branch cannot write one of them in place."""
     written = _written_back(node)
     n_outputs = len(node.meta["val"])
     plan: dict[int, int] = {}
     j = n_outputs - 1
-    while j in written:  # only trailing outputs can go: the rest keep their places
+    while j in written:  # Only trailing outputs can go, so the rest keep their places.
         plan[j] = written[j]
         j -= 1
     if not plan:
@@ -51,8 +53,9 @@ def in_place(
 
 
 def _written_back(node: torch.fx.Node) -> dict[int, int]:
-    """``{output: operand}`` for the outputs of ``node`` whose one use is ``copy_`` into
-    an operand that is a graph input, read by nothing else after ``node``."""
+    """Return ``{output: operand}`` for outputs of ``node`` whose one use is a ``copy_``
+    into that operand. The operand must be a graph input that nothing else reads after
+    ``node``."""
     operands = list(_sequence(node.args[-1]))
     order = {n: i for i, n in enumerate(node.graph.nodes)}
     found: dict[int, int] = {}
@@ -80,8 +83,8 @@ def _sequence(arg) -> Sequence:
 
 
 def _writing_in_place(gm: torch.fx.GraphModule, plan: dict[int, int]):
-    """A copy of ``gm`` that writes the inputs in ``plan`` in place and returns only
-    the outputs before them; None if it cannot."""
+    """Return a copy of ``gm`` that writes the inputs in ``plan`` in place. The copy
+    returns only the outputs before them. Return None if the rewrite is not possible."""
     gm = _copy(gm)
     graph = gm.graph
     placeholders = graph.find_nodes(op="placeholder")
@@ -93,14 +96,15 @@ def _writing_in_place(gm: torch.fx.GraphModule, plan: dict[int, int]):
         value, target = outs[j], placeholders[w]
         if value is target:
             continue
-        if value.target is _CLONE and value.args[0] is target:  # left alone: the old value
+        # A clone of the input means that this branch leaves the operand alone.
+        if value.target is _CLONE and value.args[0] is target:
             dropped_clones.append(value)
             continue
         in_place_op = _in_place_variant(value.target)
         if in_place_op is None or not value.args or value.args[0] is not target:
             return None
         if any(order[u] > order[value] for u in target.users if u is not value):
-            return None  # something reads the old value after the write
+            return None  # Something reads the old value after the write.
         value.target = in_place_op
     output.args = (tuple(outs[: min(plan)]),)
     for clone in dropped_clones:
@@ -112,8 +116,8 @@ def _writing_in_place(gm: torch.fx.GraphModule, plan: dict[int, int]):
 
 
 def _in_place_variant(op):
-    """``aten.foo_.overload`` for ``aten.foo.overload``, if it exists and writes to its
-    first argument; else None."""
+    """Return ``aten.foo_.overload`` for ``aten.foo.overload``. Return None unless that
+    variant exists and writes to its first argument."""
     if not isinstance(op, _compat.OpOverload):
         return None
     namespace, name, overload = str(op).split(".")

@@ -1,43 +1,39 @@
-"""Fused branch select: pick every output of a conditional on the device.
+"""Fused branch select, which picks every output of a conditional on the device.
 
 ``select(pred, true_values, false_values)`` returns, for each pair, the true value
-where ``pred`` holds and the false value elsewhere; ``select_n(index, cases)`` is the
-N-way form (``cases[k]`` is branch ``k``'s outputs; the index is clamped like
-``switch``). ``pred``/``index`` is either a 0-d tensor (on the values' device, read
-there with no host sync; or on the CPU, read on the host for free) or has a shape
-that is a prefix of every value's shape (one choice per leading element, as under
-vmap).
+where ``pred`` holds and the false value elsewhere. ``select_n(index, cases)`` is the
+N-way form. ``cases[k]`` holds branch ``k``'s outputs, and the index is clamped as in
+``switch``. The selector is a 0-d tensor, or its shape is a prefix of every value's
+shape. A prefix shape makes one choice per leading element, as under vmap. A 0-d
+selector on the values' device is read there with no host sync. A 0-d selector on
+the CPU is read on the host for free.
 
-Both are the C++/CUDA operators ``torch.ops.torchcond.select`` and
-``torch.ops.torchcond.select_n`` (``csrc/``): one parallel loop (CPU) or one kernel
-launch (CUDA) for all outputs, each element reading only the side it selects. As in
-the C++, ``select`` is ``select_n`` over two branches (true, then false) with a bool
-selector: every rule below is written once, over a selector and its branches, and
-takes a ``_Kind`` that says how its operator lays them out (``_PRED`` for ``select``,
-``_INDEX`` for ``select_n``). This module is everything Python knows about them, in
-the order of pytorch/extension-cpp's ``ops.py``:
+Both functions call the C++/CUDA operators ``torch.ops.torchcond.select`` and
+``torch.ops.torchcond.select_n`` (``csrc/``). Each operator runs one parallel loop
+(CPU) or one kernel launch (CUDA) for all outputs. Each element reads only the side
+it selects. As in the C++, ``select`` is ``select_n`` over two branches (true, then
+false) with a bool selector. So every rule below is written once, over a selector and
+its branches. A ``_Kind`` says how each operator lays them out: ``_PRED`` for
+``select`` and ``_INDEX`` for ``select_n``.
+
+This module holds everything Python knows about the operators, in the order of
+pytorch/extension-cpp's ``ops.py``:
 
 * the public functions ``select`` and ``select_n``;
-* ``register_fake``: fresh contiguous outputs shaped like the values (tracing, export,
-  ``torch.compile``, meta tensors), after the kernels' own argument checks;
-* the Autograd kernel: the gradient goes to the selected branch and is zero on the
-  others (computed with the select op itself against a stride-0 zero, so no ``NaN``
-  or ``Inf`` from an unselected branch's cotangent can leak); none for the selector;
-  the tangent is the select of the tangents. It applies a new-style
-  ``autograd.Function`` (backward and jvp); inside a ``torch.func`` transform, where
-  that cannot be applied, it computes the select with ``torch.where``;
-* ``register_vmap``: batch dims to the front; a batched selector expands unbatched
-  values, batched values expand an unbatched (non-0-d) selector;
-* eagerly, when an input is wrapped by a ``torch.func`` transform or carries a
-  forward-mode tangent, ``select`` and ``select_n`` apply that Function before
-  dispatch, so that the transforms see it (vmap rule generated from the op's) and
-  the fused kernel runs.
+* the fake kernel (``register_fake``);
+* the Autograd kernel. The gradient goes to the selected branch and is zero on the
+  others. The select op itself computes it against a stride-0 zero, so no ``NaN`` or
+  ``Inf`` from an unselected branch's cotangent can leak. The tangent is the select
+  of the tangents;
+* the vmap rule (``register_vmap``);
+* the ``autograd.Function`` that ``select`` and ``select_n`` apply eagerly under
+  ``torch.func`` transforms and forward-mode AD.
 
-The arguments are checked once, in C++ (``csrc/select_common.cpp``), by the kernels
-and, through ``torchcond._C._check_select``/``_check_select_n``, by the fake kernel.
-The public functions turn those errors into ``CondArgumentError``. Python checks only
-what the operators cannot see: the list arguments' nesting and Python types, and
-tensors of a layout no kernel is registered for.
+C++ checks the arguments once (``csrc/select_common.cpp``). The kernels run these
+checks, and so does the fake kernel through ``torchcond._C._check_select`` and
+``_check_select_n``. The public functions turn the errors into ``CondArgumentError``.
+Python checks only what the operators cannot see: the nesting and Python types of the
+list arguments, and tensors of a layout that has no registered kernel.
 """
 
 from __future__ import annotations
@@ -58,43 +54,44 @@ _OPS = torch.ops.torchcond
 
 # --- the two operators' forms ----------------------------------------------------------
 #
-# A rule sees ``branches``: one list of values per branch, all of one length (the
-# output count). Only the operators' own arguments differ, and a kind converts them.
+# A rule sees ``branches``, which holds one list of values per branch. All lists have
+# one length, the output count. Only the operators' own arguments differ, and a kind
+# converts them.
 
 
 class _Kind:
     """How one operator takes a selector and its branches."""
 
     qualname: str
-    selector_name: str  # what errors call the selector
-    op: Callable[..., list]  # the OpOverloadPacket, as traced code calls it
-    overload: Callable[..., list]  # its .default, cheaper to call eagerly
+    selector_name: str  # the selector's name in error messages
+    op: Callable[..., list]  # the OpOverloadPacket, which traced code calls
+    overload: Callable[..., list]  # its .default, which is cheaper to call eagerly
     below_autograd: Callable[..., list]  # the operator below the Autograd key (C++)
     check: Callable[..., None]  # the operator's argument checks (C++)
 
     def values(self, *args) -> list:
-        """Every value, branch-major, from the operator's arguments (after the selector)."""
+        """Return every value, branch-major, from the operator's arguments after the selector."""
         raise NotImplementedError
 
     def branches(self, selector, *args) -> list:
-        """The operator's arguments as branches; the operator's error if they cannot be."""
+        """Split the operator's arguments into branches, or raise the operator's error."""
         raise NotImplementedError
 
     def args(self, branches: list) -> tuple:
-        """The operator's arguments (after the selector) for ``branches``."""
+        """Return the operator's arguments after the selector for ``branches``."""
         raise NotImplementedError
 
     def labelled(self, *args) -> list:
-        """``(name, value)`` for every value, named as the public function's arguments."""
+        """Return ``(name, value)`` for every value, named after the public arguments."""
         raise NotImplementedError
 
     def picks_at_most(self, selector: torch.Tensor, k: int) -> torch.Tensor:
-        """Where the selector takes one of branches ``0..k``."""
+        """Return a mask of where the selector takes one of branches ``0..k``."""
         raise NotImplementedError
 
 
 class _Pred(_Kind):
-    """``select(pred, true_values, false_values)``: branch 0 where ``pred`` holds."""
+    """The kind of ``select(pred, true_values, false_values)``. Branch 0 is where ``pred`` holds."""
 
     qualname = "torchcond::select"
     selector_name = "pred"
@@ -108,7 +105,7 @@ class _Pred(_Kind):
 
     def branches(self, pred, true_values, false_values):
         if len(true_values) != len(false_values):
-            _C._check_select(pred, true_values, false_values)  # raises: they must pair up
+            _C._check_select(pred, true_values, false_values)  # raises, since they must pair up
         return [true_values, false_values]
 
     def args(self, branches):
@@ -118,11 +115,11 @@ class _Pred(_Kind):
         return _named("true_values", true_values) + _named("false_values", false_values)
 
     def picks_at_most(self, selector, k):
-        return selector  # k is 0: the true values
+        return selector  # k is always 0, the true values
 
 
 class _Index(_Kind):
-    """``select_n(index, cases, num_branches)``: ``cases`` flat and branch-major."""
+    """The kind of ``select_n(index, cases, num_branches)``. ``cases`` is flat and branch-major."""
 
     qualname = "torchcond::select_n"
     selector_name = "index"
@@ -136,7 +133,7 @@ class _Index(_Kind):
 
     def branches(self, index, cases, num_branches):
         if num_branches < 1 or len(cases) % num_branches:
-            _C._check_select_n(index, cases, num_branches)  # raises: they cannot split
+            _C._check_select_n(index, cases, num_branches)  # raises, since they cannot split
         return _split(cases, num_branches)
 
     def args(self, branches):
@@ -147,7 +144,7 @@ class _Index(_Kind):
         return [pair for k, c in enumerate(split) for pair in _named(f"cases[{k}]", c)]
 
     def picks_at_most(self, selector, k):
-        return selector <= k  # which also clamps the index
+        return selector <= k  # this also clamps the index
 
 
 _PRED = _Pred()
@@ -159,7 +156,7 @@ def _flat(branches: list) -> list:
 
 
 def _split(flat: Sequence, num_branches: int) -> list:
-    """``flat`` (branch-major) as ``num_branches`` lists of equal length."""
+    """Split ``flat`` (branch-major) into ``num_branches`` lists of equal length."""
     n = len(flat) // num_branches
     return [list(flat[k * n : (k + 1) * n]) for k in range(num_branches)]
 
@@ -170,10 +167,10 @@ def _named(label: str, values) -> list:
 
 # --- public functions ------------------------------------------------------------------
 #
-# Plain eager calls (no tracing, no torch.func transform, no forward AD) go straight to
-# the operator's kernel; the others through the dispatcher (and the rules below). The
-# operator checks the arguments either way; what it raises for them becomes a
-# CondArgumentError with the same message.
+# A plain eager call has no tracing, no torch.func transform and no forward AD. It goes
+# straight to the operator's kernel. Other calls go through the dispatcher and the rules
+# below. The operator checks the arguments either way. What it raises for them becomes
+# a CondArgumentError with the same message.
 
 
 def select(
@@ -181,16 +178,15 @@ def select(
 ) -> list[torch.Tensor]:
     """``[where(pred, t, f) for t, f in zip(true_values, false_values)]``, fused.
 
-    ``pred``: a bool tensor, 0-d or shaped like a prefix of every value's shape.
-    Returns fresh contiguous tensors. Each element reads only the value it selects.
-
-    One kernel launch covers every output. Gradients flow to the selected side only
-    (zeros, never ``NaN``, on the other), and ``torch.vmap`` is supported.
+    One kernel launch covers every output, and each element reads only the value it
+    selects. The outputs are fresh contiguous tensors. Gradients flow only to the
+    selected side. The other side gets zeros, never ``NaN``. ``torch.vmap`` is
+    supported.
 
     Args:
-        pred: a ``torch.bool`` tensor on the values' device: 0-d (one choice for
-            everything) or with a shape that is a prefix of every value's shape (one
-            choice per leading index).
+        pred: a ``torch.bool`` tensor on the values' device. A 0-d ``pred`` makes one
+            choice for everything. A ``pred`` whose shape is a prefix of every value's
+            shape makes one choice per leading index.
         true_values: the tensors to take where ``pred`` is true.
         false_values: as many tensors, each with the shape, dtype and device of the
             matching ``true_values`` entry, to take where ``pred`` is false.
@@ -226,17 +222,16 @@ def select(
 
 
 def select_lists(pred: torch.Tensor, true_values: list, false_values: list) -> list:
-    """``select`` for two lists of tensors (torchcond's own calls)."""
+    """Run ``select`` on two lists of tensors, for torchcond's own callers."""
     return _run(_PRED, pred, true_values, false_values)
 
 
 def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
     """Output ``i`` is ``cases[clamp(index, 0, len(cases) - 1)][i]``, elementwise, fused.
 
-    ``index``: an integer tensor, 0-d or shaped like a prefix of every value's shape.
-
-    The N-way :func:`select`, behind ``switch(..., strategy="select")``: one kernel
-    launch for every output, and each element reads only the case it selects.
+    This is the N-way :func:`select`, and ``switch(..., strategy="select")`` uses it.
+    One kernel launch covers every output, and each element reads only the case it
+    selects.
 
     Args:
         index: an integer tensor on the values' device, 0-d or with a shape that is a
@@ -267,7 +262,7 @@ def select_n(index: torch.Tensor, cases: Sequence[Sequence[torch.Tensor]]) -> li
 
 
 def _run(kind: _Kind, selector, *args) -> list:
-    """The operator of ``kind`` on its own arguments, by the cheapest path that is right."""
+    """Call ``kind``'s operator on its own arguments by the cheapest correct path."""
     try:
         if _compat.tracing_active() or _compat.transforms_active():
             return _differentiable(kind, selector, *args)
@@ -288,8 +283,8 @@ _ONE_OUTPUT = ". Pass [tensor] for one output"
 
 
 def _as_list(values, fn: str, label: str, expected: str, lone_tensor_hint: str = "") -> list:
-    """A sequence argument as a list. A lone tensor is refused: iterating it would
-    select between its rows."""
+    """Return a sequence argument as a list. Refuse a lone tensor, because iterating it
+    would select between its rows."""
     kind = type(values)
     if kind is list or kind is tuple:  # the common case, without an abstract class check
         return values if kind is list else list(values)
@@ -303,7 +298,7 @@ def _as_list(values, fn: str, label: str, expected: str, lone_tensor_hint: str =
 
 
 def _check_nesting(cases: list) -> None:
-    """select_n's cases as the operator cannot see them: it gets one flat list."""
+    """Check the nesting of select_n's cases, which the operator gets as one flat list."""
     if not cases:
         raise CondArgumentError(
             "select_n: cases: expected at least one branch's outputs, found an empty sequence"
@@ -316,20 +311,21 @@ def _check_nesting(cases: list) -> None:
             )
 
 
-# What the operator raises for bad arguments: its checks' ValueError and TypeError
-# (TORCH_CHECK_VALUE/TYPE), the schema parser's TypeError or RuntimeError for a
-# non-tensor, NotImplementedError for a layout it has no kernel for.
+# What the operator raises for bad arguments: ValueError and TypeError from its checks
+# (TORCH_CHECK_VALUE/TYPE), TypeError or RuntimeError from the schema parser for a
+# non-tensor, and NotImplementedError for a layout it has no kernel for.
 _OP_ERRORS = (RuntimeError, TypeError, ValueError, AttributeError, IndexError, NotImplementedError)
 _OP_PREFIXES = ("torchcond::select: ", "torchcond::select_n: ")
 
 
 def _raise_argument_error(error: Exception, kind: _Kind, selector, args: tuple) -> None:
-    """Raises a CondArgumentError when the arguments caused ``error``, the operator's.
+    """Raise a CondArgumentError when the arguments caused the operator's ``error``.
 
-    The operator's checks (C++) say what is wrong in the public functions' words:
-    their message is kept, less the operator's name. Before those checks run, torch's
-    schema parser refuses a non-tensor and its dispatcher a layout with no kernel,
-    with messages about the operator's schema: those two are named here.
+    The operator's C++ checks describe the problem in the public functions' words.
+    Their message is kept without the operator's name. Before those checks run,
+    torch's schema parser refuses a non-tensor, and its dispatcher refuses a layout
+    with no kernel. Their messages talk about the operator's schema, so this function
+    writes its own message for those two cases.
     """
     message = str(error)
     if isinstance(error, (ValueError, TypeError)) and message.startswith(_OP_PREFIXES):
@@ -348,9 +344,10 @@ def _raise_argument_error(error: Exception, kind: _Kind, selector, args: tuple) 
 
 # --- fake kernel -----------------------------------------------------------------------
 #
-# Shapes for tracing, export, torch.compile and meta tensors. The kernels' argument
-# checks run first, in C++ on the fake tensors' metadata (symbolic shapes guard), so a
-# traced call raises what an eager one does.
+# The fake kernel gives fresh contiguous outputs shaped like the values, for tracing,
+# export, torch.compile and meta tensors. The kernels' C++ argument checks run first, on
+# the fake tensors' metadata, and symbolic shapes get guards. So a traced call raises
+# what an eager one does.
 
 
 def _fake(kind: _Kind, selector, *args):
@@ -367,8 +364,8 @@ def _zeros(like: torch.Tensor) -> torch.Tensor:
 
 
 def _grads(kind: _Kind, selector, grads, num_branches: int, need) -> list:
-    """Gradients of every branch's values (flat, branch-major): the cotangent where the
-    selector takes the branch, zero elsewhere."""
+    """Return the gradients of every branch's values, flat and branch-major. Each is the
+    cotangent where the selector takes its branch, and zero elsewhere."""
     n = len(grads)
     pairs = [
         (k, i)
@@ -379,8 +376,9 @@ def _grads(kind: _Kind, selector, grads, num_branches: int, need) -> list:
     result: list = [None] * (num_branches * n)
     if pairs:
         zeros = {i: _zeros(grads[i]) for _, i in pairs}
-        # One select for them all. Output (k, i) is branch k's gradient for output i:
-        # branch j of that select is the cotangent when j == k, else the zero.
+        # One select computes them all. Its output (k, i) is branch k's gradient for
+        # output i. Branch j of that select is the cotangent when j == k, and the zero
+        # otherwise.
         branches = [
             [grads[i] if j == k else zeros[i] for k, i in pairs] for j in range(num_branches)
         ]
@@ -391,17 +389,18 @@ def _grads(kind: _Kind, selector, grads, num_branches: int, need) -> list:
 
 
 # The operators' Autograd kernel. torch.library.register_autograd would give a
-# C++-defined operator an old-style autograd.Function: torch.func.grad refuses it and
-# forward-mode AD (torch.func.jvp included) passes through it with a zero tangent.
-# Instead, where a derivative is needed:
+# C++-defined operator an old-style autograd.Function. torch.func.grad refuses that
+# Function, and forward-mode AD (torch.func.jvp included) passes through it with a zero
+# tangent. So where a derivative is needed, this kernel uses:
 #
-# * outside torch.func transforms, the new-style Function below (backward and jvp,
-#   both one fused select);
-# * inside one (a transform's interpreter has already unwrapped the inputs, and a
-#   Function applied here has no kernel to run), torch.where: every transform and
-#   backend differentiates it. Eager code under a transform does not get here: the
-#   public functions apply the Function before dispatch (``_needs_function``).
-#   Compiled code does: dynamo records the operator itself.
+# * outside torch.func transforms, the new-style Function below. Its backward and jvp
+#   are each one fused select.
+# * inside a transform, torch.where, which every transform and backend differentiates.
+#   A Function applied here would have no kernel to run, because the transform's
+#   interpreter has already unwrapped the inputs. Eager code under a transform does
+#   not reach this case, because the public functions apply the Function before
+#   dispatch (``_needs_function``). Compiled code does reach it, because dynamo
+#   records the operator itself.
 
 
 def _autograd(kind: _Kind, selector, *args):
@@ -416,18 +415,18 @@ def _autograd(kind: _Kind, selector, *args):
 
 
 def _spread(selector: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``selector`` broadcastable against ``value``: trailing dims of size 1, on its device."""
+    """Return ``selector`` on ``value``'s device, with trailing dims of size 1 to broadcast."""
     if selector.device != value.device:  # a 0-d CPU selector beside values elsewhere
         selector = selector.to(value.device)
     return selector.reshape((*selector.shape, *([1] * (value.dim() - selector.dim()))))
 
 
 def _where(kind: _Kind, selector, branches: list) -> list[torch.Tensor]:
-    """The operator in differentiable aten operations (same checks, same values): a
-    chain of torch.where, branch k where the selector takes one of branches 0..k, the
-    last branch elsewhere."""
+    """Compute the operator with differentiable aten ops, with the same checks and
+    values. A chain of torch.where starts from the last branch. Step k takes branch k
+    where the selector takes one of branches 0..k."""
     kind.check(selector, *kind.args(branches))
-    if len(branches) == 1:  # fresh tensors, as the operator's
+    if len(branches) == 1:  # fresh tensors, as the operator gives
         return [v.clone(memory_format=torch.contiguous_format) for v in branches[0]]
     outputs = list(branches[-1])
     for k in reversed(range(len(branches) - 1)):
@@ -448,19 +447,20 @@ def _to_front(value: torch.Tensor, bdim, batch_size: int) -> torch.Tensor:
 
 
 def _vmap_calls(sel, sel_bdim, groups, batch_size):
-    """Op calls that compute a vmapped select: ``[(selector, outputs, values, batched)]``.
+    """Return the op calls that compute a vmapped select.
 
-    ``groups``: per output, the ``(value, bdim)`` of each branch. Each call gives the
-    selector, which outputs it computes, their per-branch values in a layout the op
-    accepts, and whether those outputs carry the batch dim (at 0).
+    ``groups`` holds, per output, the ``(value, bdim)`` of each branch. Each call is a
+    tuple ``(selector, outputs, values, batched)``. It names the outputs it computes,
+    their per-branch values in a layout the op accepts, and whether those outputs carry
+    the batch dim at 0.
 
-    * A batched selector goes to the front, and every value gets a front batch dim
-      (expanded, without a copy, when unbatched).
-    * An unbatched 0-d selector applies to every example: one call; outputs whose
-      values are all unbatched stay unbatched.
-    * An unbatched shaped selector is expanded with a front batch dim for the outputs
-      with a batched value (so its shape stays a prefix of theirs) and used as is for
-      the others: up to two calls.
+    * A batched selector moves its batch dim to the front. Every value gets a front
+      batch dim, expanded without a copy when the value is unbatched.
+    * An unbatched 0-d selector applies to every example, so one call is enough.
+      Outputs whose values are all unbatched stay unbatched.
+    * An unbatched shaped selector gets a front batch dim for the outputs with a
+      batched value, so its shape stays a prefix of theirs. The other outputs use it
+      as is. This takes up to two calls.
     """
     if sel_bdim is not None:
         sel = sel.movedim(sel_bdim, 0)
@@ -517,22 +517,23 @@ for _kind in (_PRED, _INDEX):
 
 # --- torch.func transforms and forward-mode AD -----------------------------------------
 #
-# The autograd.Function the Autograd kernel applies. When an input is wrapped by a
-# torch.func transform or carries a forward-mode tangent, the public functions apply
-# it before dispatch, where the transforms see it: same op, same backward and jvp,
-# and a vmap rule generated from the op's own.
+# The autograd.Function that the Autograd kernel applies. When an input is wrapped by
+# a torch.func transform or carries a forward-mode tangent, the public functions apply
+# it before dispatch, where the transforms can see it. It runs the same op with the
+# same backward and jvp. Its vmap rule is generated from the op's own.
 
 
 def _needs_function(sel, values) -> bool:
-    # dynamo records the operator itself (with its registered autograd and vmap rules)
-    # and cannot trace functorch's wrapper queries
+    # Dynamo records the operator itself, with its registered autograd and vmap rules.
+    # Dynamo also cannot trace functorch's wrapper queries.
     if _compat.is_dynamo_compiling() or not _compat.transforms_active():
         return False
     if _compat.pre_dispatch_tracing():
-        # torch.export traces no autograd.Function under a transform (2.11-2.15); the
-        # operator is recorded and replays the graph's transforms with its own rules.
+        # torch.export traces no autograd.Function under a transform (2.11-2.15). The
+        # operator is recorded instead and replays the graph's transforms with its own
+        # rules.
         return False
-    # A vmap level alone needs no Function: the op's own vmap rule batches it.
+    # A vmap level alone needs no Function, because the op's own vmap rule batches it.
     wrapped = _compat.is_differentiated_by_transform
     if wrapped(sel) or any(wrapped(v) for v in values):
         return True
@@ -542,7 +543,8 @@ def _needs_function(sel, values) -> bool:
 
 def _differentiable(kind: _Kind, selector, *args) -> list[torch.Tensor]:
     values = kind.values(*args)
-    # Labels only where export may refuse (dynamo cannot trace the dispatch-key check).
+    # Build the labels only where export may refuse. Dynamo cannot trace the
+    # dispatch-key check, so it skips this.
     if not _compat.is_dynamo_compiling() and _compat.pre_dispatch_tracing():
         refuse_untraced(kind.qualname, kind.labelled(*args))
     if values and _needs_function(selector, values):
@@ -552,7 +554,7 @@ def _differentiable(kind: _Kind, selector, *args) -> list[torch.Tensor]:
 
 
 def _meta(values):
-    """What a zero tangent needs (shape, dtype, device), without keeping the tensors alive."""
+    """Return what a zero tangent needs (shape, dtype, device) without keeping tensors alive."""
     return [(v.shape, v.dtype, v.device) for v in values]
 
 
@@ -564,7 +566,7 @@ def _tangent_or_zero(tangent, meta):
 
 
 class _SelectFunction(torch.autograd.Function):
-    """``kind``'s operator over ``num_branches`` branches, their values flat."""
+    """``kind``'s operator over ``num_branches`` branches, with their values passed flat."""
 
     generate_vmap_rule = True
 

@@ -1,24 +1,25 @@
 """What a branch may change outside itself, and how a traced conditional carries it.
 
-Eagerly a conditional is a Python ``if``, so a branch may change anything. Traced,
-every branch runs once, while the trace is made, and the program only replays
+Eagerly, a conditional is a Python ``if``, so a branch may change anything. In a
+trace, every branch runs once while the trace is made, and the program only replays
 tensor operations. So:
 
-* A registered buffer the branch assigns (``self.ema = self.ema * 0.9 + x``,
-  ``self.steps += 1``) becomes a write of the new value into the buffer, which the
-  conditional already carries as it carries ``add_``/``copy_``: only the taken
-  branch's value lands, on every call. The new value must fit the buffer (shape,
-  dtype, device).
-* Anything else a traced program cannot replay (a tensor attribute that is no
-  buffer, a parameter rebound, a list appended to, an int attribute set) is refused
-  with a ``BranchMutationError`` naming the attribute or object and the branch.
+* A registered buffer that the branch assigns (``self.ema = self.ema * 0.9 + x``,
+  ``self.steps += 1``) becomes a write of the new value into the buffer. The
+  conditional carries that write as it carries ``add_``/``copy_``. Only the taken
+  branch's value lands, on every call. The new value must fit the buffer in shape,
+  dtype and device.
+* Anything else that a traced program cannot replay raises a ``BranchMutationError``
+  that names the attribute or object and the branch. Examples are a tensor attribute
+  that is not a buffer, a rebound parameter, a list the branch appends to, and an int
+  attribute it sets.
 
 Under dynamo (``torch.compile``, strict export) the changes are dynamo's side
-effects, settled by ``_compat/dynamo.py`` with the rules below. Where a branch is
-traced as Python (``make_fx``, non-strict export), ``settled`` watches it: a
-buffer's binding is put back and the new value written into it, in the trace; the
-state of the modules, containers and variables the branch reaches is compared
-before and after.
+effects. ``_compat/dynamo.py`` settles them with the rules below. Where a branch is
+traced as Python (``make_fx``, non-strict export), ``run_branch`` watches it. It puts
+a buffer's binding back and writes the new value into the buffer, in the trace. It
+compares the state of the modules, containers and variables that the branch reaches
+before and after the branch runs.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ _REPLAY = (
 
 
 def check_buffer_value(label: str, attr: str, buffer, value) -> None:
-    """Raise unless ``value`` (assigned to the buffer ``attr``) can be written into
-    ``buffer``: a tensor of the same shape, dtype and device."""
+    """Raise unless ``value``, assigned to the buffer ``attr``, can be written into
+    ``buffer``. It must be a tensor of the same shape, dtype and device."""
     if isinstance(value, torch.Tensor) and (
         value.dtype == buffer.dtype
         and value.device == buffer.device
@@ -85,7 +86,7 @@ def check_buffer_value(label: str, attr: str, buffer, value) -> None:
 
 
 def refuse_attribute(label: str, attr: str, value) -> NoReturn:
-    """A branch sets ``attr`` (``self.n``), which is no registered buffer, to ``value``."""
+    """Raise for a branch that sets ``attr`` (``self.n``), which is no registered buffer."""
     if isinstance(value, torch.Tensor):
         raise BranchMutationError(
             f"{label} assigns {_found_text(value)} to {attr}, which is not a registered "
@@ -104,7 +105,7 @@ def refuse_attribute(label: str, attr: str, value) -> NoReturn:
 
 
 def refuse_variable(label: str, name: str, value) -> NoReturn:
-    """A branch rebinds ``name``, a variable it closes over or a global."""
+    """Raise for a branch that rebinds ``name``, a variable it closes over or a global."""
     fix = (
         f"write into {name} in place ({name}.copy_(...)), which the conditional carries"
         if isinstance(value, torch.Tensor)
@@ -126,7 +127,7 @@ def refuse_parameter(label: str, attr: str) -> NoReturn:
 
 
 def refuse_registration(label: str, attr: str, what: str) -> NoReturn:
-    """A branch adds or removes a buffer, parameter or submodule."""
+    """Raise for a branch that adds or removes a buffer, parameter or submodule."""
     raise BranchMutationError(
         f"{label} {what} {attr}: {_REPLAY}, and a program cannot change which buffers, "
         "parameters and submodules a module has. Register it before the call (in "
@@ -135,8 +136,8 @@ def refuse_registration(label: str, attr: str, what: str) -> NoReturn:
 
 
 def refuse_python_state(label: str, what: str | None, kind: str) -> NoReturn:
-    """A branch changes ``what`` (``self.log``, a ``kind`` such as ``list``; None for
-    one that has no name), in a way no traced program replays."""
+    """Raise for a branch that changes ``what`` in a way that no traced program replays.
+    ``what`` is a name such as ``self.log``, or None. ``kind`` is a type such as ``list``."""
     thing = f"{what} (a {kind})" if what is not None else f"a {kind} from outside it"
     later = what if what is not None else "it"
     raise BranchMutationError(
@@ -156,7 +157,7 @@ def refuse_deletion(label: str, attr: str) -> NoReturn:
 
 
 def refuse_under_select(label: str, attr: str) -> NoReturn:
-    """A buffer assigned in a branch that runs whether or not it is taken."""
+    """Raise for a buffer assigned in a branch that runs whether or not it is taken."""
     raise BranchMutationError(
         f"{label} assigns the buffer {attr} in a branch that runs whether or not it is "
         "taken (strategy='select', or vmap with a per-example predicate), where a write "
@@ -167,19 +168,19 @@ def refuse_under_select(label: str, attr: str) -> NoReturn:
 
 # --- branches traced as Python: make_fx, non-strict export ---------------------------
 
-# Set while the branches of a conditional run whether or not they are taken: "trace"
-# (make_fx, non-strict export, fake tensors) or "select" (they run for real and a
-# select picks their outputs).
+# Set while the branches of a conditional run whether or not they are taken. The value
+# is "trace" (make_fx, non-strict export, fake tensors) or "select" (the branches run
+# for real and a select picks their outputs).
 _EVERY_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "torchcond_every_branch", default=None
 )
 
 
-class every_branch_runs:  # a context manager, named as one
-    """Wraps code that runs every branch of a conditional, taken or not. The user's
-    branches that run inside it are watched (``run_branch``).
+class every_branch_runs:  # A context manager, so it has a function-style name.
+    """Wraps code that runs every branch of a conditional, taken or not. ``run_branch``
+    watches the user's branches that run inside it.
 
-    Under dynamo, which cannot set a context variable, it does nothing. Dynamo has
+    It does nothing under dynamo, which cannot set a context variable. Dynamo has
     already speculated the branches (api's select path) and settled what they change
     (_compat/dynamo.py). It is a class, not a generator, because the select path
     enters it on every call, where a generator's cost shows."""
@@ -198,10 +199,11 @@ class every_branch_runs:  # a context manager, named as one
 
 
 def run_branch(fn: Callable, label: str, operands) -> object:
-    """``fn(*operands)``, a user's branch. Where every branch runs, a buffer it assigns
-    keeps its binding and takes the new value in place (in the trace, where it is
-    traced), and what else it changes outside itself is put back and refused."""
-    if _compat.is_dynamo_compiling():  # as for every_branch_runs
+    """Return ``fn(*operands)`` for a user's branch ``fn``. When every branch runs, a
+    buffer that ``fn`` assigns keeps its binding and takes the new value in place, in
+    the trace if there is one. Anything else that ``fn`` changes outside itself is put
+    back and refused."""
+    if _compat.is_dynamo_compiling():  # Dynamo settles changes (every_branch_runs).
         return fn(*operands)
     how = _EVERY_BRANCH.get()
     if how is None:
@@ -214,7 +216,7 @@ def run_branch(fn: Callable, label: str, operands) -> object:
             watch.restore()
             raise
     if not watch.buffers and watch.found.unchanged():
-        return out  # the common case: the branch changed nothing it can reach
+        return out  # Most often, the branch changed nothing that it can reach.
     for buffer, value in watch.settle(under_select=how == "select"):
         buffer.copy_(value)
     return out
@@ -223,13 +225,13 @@ def run_branch(fn: Callable, label: str, operands) -> object:
 _MISSING = object()
 
 
-# Probes of what a branch can reach (torchcond._C.watch_snapshot, csrc/watch.cpp): a
-# tuple (kind, object[, key]), read as identities.
+# Probe kinds for what a branch can reach (torchcond._C.watch_snapshot, csrc/watch.cpp).
+# A probe is a tuple (kind, object[, key]). What it reads is compared by identity.
 _ATTR, _ITEM, _CELL, _DICT, _LIST, _SET, _TYPE = range(7)
 
 
 def _contents_probe(value) -> tuple | None:
-    """The probe of a list, dict or set's contents (``_same_contents``), or None."""
+    """Return the probe of a list, dict or set's contents (``_same_contents``), or None."""
     if isinstance(value, dict):
         return (_DICT, value)
     if isinstance(value, list):
@@ -239,17 +241,17 @@ def _contents_probe(value) -> tuple | None:
     return None
 
 
-# What was found about each plain function (``_Found``), kept while the function
-# lives: held weakly by the function, so dropping it drops its record, and nothing is
-# stuck on the function itself. A record never holds its own function (``_found``
-# keeps none that does), or the function would live as long as this table.
+# What was found about each plain function (``_Found``), kept while the function lives.
+# The table holds each function weakly, so dropping the function drops its record, and
+# nothing is stored on the function itself. A record never holds its own function, or
+# the function would live as long as this table. ``_found`` keeps no record that does.
 _RECORDS: weakref.WeakKeyDictionary[types.FunctionType, _Found] = weakref.WeakKeyDictionary()
 
 
 class _Found:
-    """What a branch ``fn`` can reach (``_reachable``), and a snapshot of everything
-    that was read to find it and that its states compare: while every probe reads as
-    it did, finding it again would find the same states, each as it is now."""
+    """What a branch ``fn`` can reach (``_reachable``), with a snapshot of its probes.
+    The probes cover everything read to find the states and everything they compare.
+    While every probe reads as it did, a new search would find the same states."""
 
     __slots__ = ("probes", "root", "snapshot", "states", "valid")
 
@@ -257,14 +259,14 @@ class _Found:
         self.probes: list[tuple] = []
         self.states = _reachable(fn, self.probes)
         self.snapshot = _C.watch_snapshot(self.probes)
-        # The function's own attributes, compared here rather than probed: a probe
-        # would hold the function, which a kept record may not (_RECORDS).
+        # The function's own attributes are compared here, not probed. A probe would
+        # hold the function, which a kept record may not do (_RECORDS).
         self.root = _root_attributes(fn) if type(fn) is types.FunctionType else None
         self.valid = True
 
     def unchanged(self) -> bool:
-        """Whether everything probed reads as when it was found: never true where
-        anything a state compares differs (it may be false where nothing does)."""
+        """True when every probe reads as it did. It is never true when anything that a
+        state compares differs. It may be false when nothing does."""
         return _C.watch_same(self.probes, self.snapshot)
 
     def fits(self, fn: types.FunctionType) -> bool:
@@ -281,23 +283,19 @@ class _Found:
 
 
 def _root_attributes(fn: types.FunctionType) -> tuple:
-    """What ``_reachable`` reads of ``fn`` itself, compared by identity (``fits``);
-    the contents of ``__kwdefaults__``, a dict, are probed."""
+    """Return what ``_reachable`` reads of ``fn`` itself, for ``fits`` to compare."""
     return (fn.__code__, fn.__defaults__, fn.__kwdefaults__, fn.__module__)
 
 
 def _found(fn: Callable) -> _Found:
-    """What ``fn`` reaches, found anew unless nothing it was found from has changed
-    since the last call (kept for plain functions only: a bound method, a partial,
-    are made anew by the caller).
+    """Return what ``fn`` reaches. Reuse the last record if nothing it came from changed.
 
-    A record that holds ``fn`` (a branch that reaches itself: recursion through a
-    global or a cell, a module attribute holding it) is not kept: the table would
-    keep ``fn`` alive forever. Whether it does is told by ``fn``'s reference count,
-    which anything the record holds ``fn`` through (a probe, a snapshot, a state's
-    value) raises; the walk adds a probe of ``fn`` wherever it meets ``fn`` again,
-    so that a path through objects that held it before (a partial's arguments) is
-    told too."""
+    Only plain functions keep records, since callers make bound methods and partials
+    anew. A record that holds ``fn`` is not kept, or the table would keep ``fn`` alive
+    forever. This happens when a branch reaches itself, say through a global or a
+    cell. A record that holds ``fn`` raises ``fn``'s reference count, so the count
+    shows whether it does. The walk adds a probe of ``fn`` wherever it meets ``fn``
+    again. So a path through objects that held ``fn`` before also counts."""
     if type(fn) is not types.FunctionType:
         return _Found(fn)
     found = _RECORDS.get(fn)
@@ -325,22 +323,22 @@ class _Watch:
         self._changed: list | None = None
 
     def assigned(self, module: torch.nn.Module, name: str, value) -> None:
-        """A buffer registration hook: ``module.name = value`` for a buffer."""
+        """Record a buffer before the branch assigns it. This is a registration hook."""
         key = (id(module), name)
         if key not in self.buffers:
             self.buffers[key] = (module, name, module._buffers.get(name, _MISSING))
 
     def changed(self) -> list:
-        """The states that differ from before the branch. Most branches change
+        """Return the states that differ from before the branch. Most branches change
         nothing, and then nothing needs a closer look or putting back."""
         if self._changed is None:
             self._changed = [state for state in self.states if state.changed()]
         return self._changed
 
     def settle(self, under_select: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """``(buffer, new value)`` for each buffer the branch assigned; everything the
-        branch changed is put back first, and a change no write carries refused."""
-        self.found.valid = False  # found anew on the next call, whatever happens here
+        """Return ``(buffer, new value)`` for each buffer that the branch assigned. Put
+        back everything the branch changed first. Refuse a change that no write carries."""
+        self.found.valid = False  # The next call finds the states anew.
         changed = self.changed()
         if not changed and not self.buffers:
             return []
@@ -393,8 +391,8 @@ class _Watch:
             state.restore()
 
 
-# A module's own bookkeeping in its __dict__ (hooks, registries, ``training``): not
-# state a branch sets.
+# A module's own bookkeeping in its __dict__ (hooks, registries, ``training``). It is
+# not state that a branch sets.
 _BOOKKEEPING = frozenset(torch.nn.Module().__dict__) | {"_initialize_hook", "_load_hook"}
 _REGISTRIES = ("_parameters", "_buffers", "_modules")
 _CONTAINERS = (list, dict, set)
@@ -409,8 +407,8 @@ def _same_contents(value, before) -> bool:
 
 
 def _same_mapping(now: dict, before: dict) -> bool:
-    """The same keys in the same order, each bound to the same object: a C-speed test
-    that is never wrong when it says the same (a reordering merely reads as changed)."""
+    """True for the same keys in the same order, bound to the same objects. This fast
+    test is never wrong when it says the same. A reordering merely reads as changed."""
     return tuple(now) == tuple(before) and all(map(operator.is_, now.values(), before.values()))
 
 
@@ -423,15 +421,15 @@ def _put_back(value, before) -> None:
 
 
 class _ObjectState:
-    """The attributes (``vars``) of a module or a user object a branch reaches, and the
-    contents of the lists, dicts and sets among them."""
+    """The attributes (``vars``) of a module or user object that a branch reaches, and
+    the contents of the lists, dicts and sets among them."""
 
     def __init__(self, text: str, obj):
         self.text = text
         self.obj = obj
         everything = vars(obj)
-        # The names in ``vars``, bookkeeping included: while they stay, so do the
-        # watched ones, and only their values need comparing (``changed``).
+        # All names in ``vars``, bookkeeping included. While they stay the same, so do
+        # the watched names, and ``changed`` only compares values.
         self.names = tuple(everything)
         self.attrs = {k: everything[k] for k in self._watched_names(self.names)}
         self.contents = {k: v.copy() for k, v in self.attrs.items() if isinstance(v, _CONTAINERS)}
@@ -449,7 +447,7 @@ class _ObjectState:
         return {k: everything[k] for k in self._watched_names(tuple(everything))}
 
     def changed(self) -> bool:
-        """Whether anything ``check`` or ``restore`` looks at may differ."""
+        """True when anything that ``check`` or ``restore`` looks at may differ."""
         now = vars(self.obj)
         return (
             tuple(now) != self.names
@@ -483,16 +481,16 @@ class _ObjectState:
 
 @functools.lru_cache(maxsize=1024)
 def _module_attributes(names: tuple[str, ...], builtin: bool) -> tuple[str, ...]:
-    """Of a module's ``vars`` (``names``), those a branch may not set: not bookkeeping,
-    and for torch's own modules (``builtin``) not private. A module's names rarely
-    change, so this is looked up rather than worked out on every call."""
+    """Return the names in ``names`` that a branch may not set. Bookkeeping is left out,
+    and so are the private names of torch's own modules (``builtin``). The result is
+    cached, because a module's names rarely change."""
     return tuple(k for k in names if k not in _BOOKKEEPING and not (builtin and k[:1] == "_"))
 
 
 class _ModuleState(_ObjectState):
     """An ``nn.Module``'s attributes, and its registered parameters, buffers and
-    submodules. The private attributes of torch's own modules are their caches
-    (an LSTM's ``_flat_weights``), left to them."""
+    submodules. The private attributes of torch's own modules are caches, such as an
+    LSTM's ``_flat_weights``, so they are not watched."""
 
     def __init__(self, text: str, module: torch.nn.Module):
         self.module = module
@@ -548,8 +546,8 @@ class _ModuleState(_ObjectState):
 
 
 class _VariableState:
-    """A variable a branch's code closes over (a cell) or names as a global, and the
-    contents of the list, dict or set it holds."""
+    """A variable that a branch's code closes over (a cell) or names as a global, and
+    the contents of the list, dict or set it holds."""
 
     def __init__(self, text: str):
         self.text = text
@@ -574,7 +572,7 @@ class _VariableState:
     def changed(self) -> bool:
         try:
             value = self.get()
-        except (KeyError, ValueError):  # a global deleted, a cell emptied
+        except (KeyError, ValueError):  # A deleted global or an emptied cell.
             return True
         return value is not self.value or (
             self.contents is not None and not _same_contents(value, self.contents)
@@ -595,7 +593,7 @@ class _VariableState:
 
 
 class _CellState(_VariableState):
-    """A variable a branch closes over."""
+    """A variable that a branch closes over."""
 
     def __init__(self, text: str, cell):
         self.cell = cell
@@ -612,7 +610,7 @@ class _CellState(_VariableState):
 
 
 class _GlobalState(_VariableState):
-    """A global a branch's code names."""
+    """A global that a branch's code names."""
 
     def __init__(self, text: str, namespace: dict):
         self.namespace = namespace
@@ -642,8 +640,8 @@ def _user_module(module: str) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
-    """The names ``code`` (and the code nested in it) may read as globals, each once.
-    Code objects are immutable, so the answer is kept."""
+    """Return the names that ``code`` and its nested code may read as globals, each
+    once. Code objects are immutable, so the answer is cached."""
     names = dict.fromkeys(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
@@ -651,26 +649,24 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(names)
 
 
-_MAX_DEPTH = 4  # functions followed through closures and globals
+_MAX_DEPTH = 4  # How deep the walk follows functions through closures and globals.
 
 
 def _reachable(fn: Callable, probes: list) -> list:
-    """The state ``fn`` can reach through what it closes over, its ``self``, its
-    default arguments and the globals its code names, following functions a few
-    levels deep: modules (and their submodules), user objects, variables and the
-    containers they hold. Read from what is there now, so that a variable rebound or
-    a submodule added between calls is watched too.
-
-    ``probes`` receives a probe (``_Found``) of everything read here and everything
-    the states compare, except ``fn``'s own attributes (``_root_attributes``)."""
+    """Return the state that ``fn`` reaches through closures, ``self``, defaults and
+    globals. ``probes`` receives a probe of everything read here and everything the
+    states compare, except ``fn``'s own attributes (``_root_attributes``)."""
     finder = _Finder(fn, probes)
     finder.visit(fn, getattr(fn, "__name__", "the branch"), 0)
     return finder.states
 
 
 class _Finder:
-    """``_reachable``'s walk. A class rather than nested functions, which would hold
-    each other (and ``fn``) in a cycle, alive until the cycle collector runs."""
+    """``_reachable``'s walk. It follows functions a few levels deep. It finds modules
+    (with their submodules), user objects, variables and the containers they hold. It
+    reads what is there now, so a variable rebound or a submodule added between calls
+    is watched too. It is a class because nested functions would hold each other (and
+    ``fn``) in a cycle, alive until the cycle collector runs."""
 
     def __init__(self, fn: Callable, probes: list):
         self.fn = fn
@@ -685,12 +681,14 @@ class _Finder:
     def visit(self, value, text: str, depth: int) -> None:
         seen, probes = self.seen, self.probes
         if id(value) in seen or depth > _MAX_DEPTH:
-            if value is self.fn:  # it reaches itself: its record is not kept (_found)
+            if value is self.fn:  # It reaches itself, so _found keeps no record.
                 probes.append((_TYPE, value))
             return
         seen.add(id(value))
-        if value is not self.fn:  # a function's type never changes; the root's record
-            probes.append((_TYPE, value))  # may not hold the root (_Found)
+        # A function's type never changes, and the root's record may not hold the root
+        # (_Found), so the root gets no type probe.
+        if value is not self.fn:
+            probes.append((_TYPE, value))
         if isinstance(value, torch.nn.Module):
             for name, module in value.named_modules():
                 if name == "" or id(module) not in seen:
@@ -709,7 +707,7 @@ class _Finder:
                 self.visit(part, text, depth + 1)
         elif callable(value) and not _user_code(type(value)) and hasattr(value, "__dict__"):
             probes.append((_DICT, vars(value)))
-            for name, part in vars(value).items():  # torchcond's wrappers of a branch
+            for name, part in vars(value).items():  # Such as torchcond's wrappers of a branch.
                 self.visit(part, name, depth + 1)
         elif _user_code(type(value)) and hasattr(value, "__dict__") and not isinstance(value, type):
             self.add(_ObjectState(text, value))
@@ -726,7 +724,7 @@ class _Finder:
         for name, cell in zip(code.co_freevars, f.__closure__ or ()):
             try:
                 contents = cell.cell_contents
-            except ValueError:  # not bound yet
+            except ValueError:  # The cell is not bound yet.
                 probes.append((_CELL, cell))
                 continue
             if user:
@@ -743,5 +741,5 @@ class _Finder:
             if name in namespace and not isinstance(namespace[name], types.ModuleType):
                 self.add(_GlobalState(name, namespace))
                 self.visit(namespace[name], name, depth + 1)
-            else:  # absent, or a module: only read
+            else:  # An absent name or a module is only read.
                 probes.append((_ITEM, namespace, name))

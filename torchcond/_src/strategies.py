@@ -1,26 +1,27 @@
 """How a conditional runs when the host cannot, or should not, pick the branch.
 
-Three strategies, and the rule that chooses between them:
+There are three strategies, and one rule chooses between them:
 
-* **the taken branch** (``"auto"``, the default): the selector is read on the host and
-  only that branch runs. Outside this module: the eager fast path in ``api.py`` and
-  the operators' dense rule.
-* **run every branch, then select** (``"select"``, vmap with a per-example selector):
-  every branch runs and one fused select (``select_ops.py``) picks each output
-  element on the device, with no host read.
-* **CUDA graph conditional nodes**: while a CUDA graph captures and no gradient is
-  needed, each branch is captured into its own IF node and the device picks.
+* **the taken branch** (``"auto"``, the default). The host reads the selector, and
+  only that branch runs. This strategy lives outside this module, in the eager fast
+  path in ``api.py`` and in the operators' dense rule.
+* **run every branch, then select** (``"select"``, or vmap with a per-example
+  selector). Every branch runs, and one fused select (``select_ops.py``) picks each
+  output element on the device. The host reads nothing.
+* **CUDA graph conditional nodes**. While a CUDA graph captures and no gradient is
+  needed, each branch is captured into its own IF node, and the device picks.
 
-``chooses_select`` is the rule and ``runner`` the run; adding a strategy means a name
-in the ``Strategy`` literal, a case in each, and the function that runs it.
+``chooses_select`` is the rule, and ``runner`` runs the choice. A new strategy needs a
+name in the ``Strategy`` literal, a case in each of these two, and a function that
+runs it.
 
 When every branch runs, gradients must not pick up NaN or Inf from an example that
-did not take a branch: ``cond(x > 0, torch.log, torch.zeros_like)`` evaluates ``log``
-on negative examples, whose backward is ``inf``. Multiplying by a zero cotangent would
-give ``0 * inf = NaN``, so each branch's inputs also go through a select
-(``select(mask, x, x.detach())``) whose backward *reads only* the taken examples'
-gradients. Its inputs are its operands and the tensors it closes over (read through
-``closures.StandIns``), where they need a gradient.
+did not take a branch. For example, ``cond(x > 0, torch.log, torch.zeros_like)``
+evaluates ``log`` on negative examples, whose backward is ``inf``. Multiplying by a
+zero cotangent would give ``0 * inf = NaN``. So each branch's inputs also go through a
+select (``select(mask, x, x.detach())``) whose backward *reads only* the taken
+examples' gradients. These inputs are the branch's operands and the tensors it closes
+over (read through ``closures.StandIns``), where they need a gradient.
 """
 
 from __future__ import annotations
@@ -41,15 +42,15 @@ from .tracing import written_back
 from .untraced import labelled_inputs, refuse_unexported_in_dynamo, refuse_untraced
 from .write_guard import BranchWrites, needs_grad
 
-# The accepted values, for type checkers (cond/switch annotate ``strategy`` with it)
-# and at run time.
+# The accepted values. cond and switch annotate ``strategy`` with this type for type
+# checkers, and STRATEGIES checks it at run time.
 Strategy = Literal["auto", "select"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 
 
 def chooses_select(strategy: str, selector) -> bool:
-    """Whether every branch runs: ``"select"`` asked for (unless the selector is a
-    Python number, which picks on the host for free), or a CUDA graph capturing."""
+    """Whether every branch runs. It does for ``"select"``, unless the selector is a
+    Python number, which picks on the host for free. It also does while a CUDA graph captures."""
     if strategy not in STRATEGIES:
         raise CondArgumentError(
             f"argument 'strategy' must be one of {', '.join(map(repr, STRATEGIES))}; "
@@ -61,12 +62,10 @@ def chooses_select(strategy: str, selector) -> bool:
 
 
 def runner(kind: ConditionalKind, selector: torch.Tensor, strategy: str) -> Callable:
-    """``run(branches, operands, labels)`` for a selector ``chooses_select`` accepted.
-
-    While a CUDA graph captures (``strategy="auto"`` only gets here then), the
-    branches go into CUDA conditional nodes where PyTorch and the runtime support
-    them and no gradient is needed; otherwise every branch runs and one select picks.
-    """
+    """Return ``run(branches, operands, labels)`` for a selector ``chooses_select`` accepted.
+    ``strategy="auto"`` gets here only while a CUDA graph captures. The branches then
+    go into CUDA conditional nodes, if PyTorch and the runtime support them and no
+    gradient is needed. Otherwise every branch runs and one select picks."""
     if_body = _compat.cuda_graph_if_body() if strategy == "auto" else None
 
     def run(branches, operands, labels):
@@ -82,9 +81,9 @@ def run_all_and_select(
 ) -> tuple:
     """Run every branch on ``operands``, then pick each output element on the device.
 
-    ``selector``'s shape is a prefix of every operand's and output's shape (0-d: one
-    choice for everything). No value is read on the host. An operand some branch
-    writes to is selected the same way and takes the selected value.
+    ``selector``'s shape is a prefix of every operand's and output's shape. A 0-d
+    selector makes one choice for everything. The host reads no value. An operand that
+    some branch writes to is selected the same way and takes the selected value.
     """
     traced = _compat.tracing_active()  # export's refusals (untraced.py) need a trace
     if traced:
@@ -102,12 +101,13 @@ def run_all_and_select(
 class EveryBranch(NamedTuple):
     """What ``run_every_branch`` found: every branch's outputs and what picks between them.
 
-    ``first`` holds where branch 0 is taken; ``which`` is the branch index, or None
-    for cond (``first`` is then the predicate). ``outputs`` has, per branch, the
-    outputs to select (those not in ``same``), then the values after that branch of
-    the operands at ``written`` (the old value for a branch that left one alone).
-    ``same`` maps an output position to the tensor every branch returned there, as
-    a Python ``if`` would return it whichever branch it took: it needs no select.
+    ``first`` is where branch 0 is taken. ``which`` is the branch index, or None for
+    cond, where ``first`` is the predicate. ``outputs`` holds, per branch, the outputs
+    to select (those not in ``same``). The values of the operands at ``written`` after
+    that branch follow them. A branch that left such an operand alone gives its old
+    value. ``same`` maps an output position to the tensor that every branch returned
+    there. A Python ``if`` would return that tensor whichever branch it took, so it
+    needs no select.
     """
 
     which: torch.Tensor | None
@@ -117,8 +117,8 @@ class EveryBranch(NamedTuple):
     same: dict[int, torch.Tensor]
 
     def merged(self, selected: Sequence) -> tuple:
-        """The conditional's outputs: ``selected`` (the selected outputs, without the
-        written operands) with the ``same`` ones put back in their places."""
+        """Return the conditional's outputs. They are ``selected``, without the written
+        operands, with the ``same`` outputs put back in their places."""
         if not self.same:
             return tuple(selected)
         rest = iter(selected)
@@ -129,22 +129,22 @@ class EveryBranch(NamedTuple):
 def run_every_branch(
     kind: ConditionalKind, selector: torch.Tensor, branches, operands, labels: Sequence[str]
 ) -> EveryBranch:
-    """Run every branch on ``operands`` (see ``EveryBranch`` for what comes back).
+    """Run every branch on ``operands`` and return an ``EveryBranch``.
 
-    Each branch's differentiable inputs, operands and the tensors it closes over
-    alike, are masked to the examples that take it (module docstring). A branch's
-    writes to operands are undone after it runs (write_guard.py). Outputs are
-    checked to be selectable, with errors naming output paths.
+    Each branch's differentiable inputs are masked to the examples that take it (see
+    the module docstring). These inputs are its operands and the tensors it closes
+    over. A branch's writes to operands are undone after it runs (write_guard.py). The
+    outputs are checked to be selectable, and the errors name output paths.
     """
     n = len(branches)
-    if n == 2 and selector.dtype is torch.bool:  # cond: the predicate is the mask
+    if n == 2 and selector.dtype is torch.bool:  # cond, where the predicate is the mask
         which, first = None, selector
     else:
         which = kind.branch_indices(selector, n)
         first = which == 0
     grad_mode = torch.is_grad_enabled()
     differentiable = grad_mode or _compat.differentiating_transforms_active()
-    # Operands to which a write is refused: those that need a gradient now.
+    # A write is refused to an operand that needs a gradient now.
     if differentiable:
         refused = [isinstance(t, torch.Tensor) and needs_grad(t) for t in operands]
     else:
@@ -157,7 +157,7 @@ def run_every_branch(
     else:
         guarded = [i for i, r in enumerate(refused) if r]
     writes = BranchWrites(operands, refused, owning=differentiable)
-    # A buffer a branch assigns, or other Python state it changes: refused (state.py).
+    # Here a branch may not assign a buffer or change other Python state (state.py).
     with every_branch_runs("select"):
         if differentiable or guarded:
             masks = [_Mask(first, which, k) for k in range(n)]
@@ -171,15 +171,15 @@ def run_every_branch(
 
 
 class _MaskedRuns:
-    """Every branch run on operands masked to the examples that take it, each writing
-    its own copies (``BranchWrites.run_owning``)."""
+    """Runs every branch on operands masked to the examples that take it. Each branch
+    writes to its own copies (``BranchWrites.run_owning``)."""
 
     def __init__(self, writes: BranchWrites, operands, guarded, guards, grad_mode: bool):
         self.writes, self.operands, self.guarded = writes, operands, guarded
         self.guards, self.grad_mode = guards, grad_mode
 
     def run(self, branches, labels, masks) -> tuple[list, list, list]:
-        """Per branch: its outputs, the operands' new values it wrote, its inputs."""
+        """Return, per branch, its outputs, the operand values it wrote, and its inputs."""
         outputs, values, given = [], [], []
         for branch, label, mask in zip(branches, labels, masks):
             inputs = _masked(mask(), self.operands, self.guarded) if self.guarded else self.operands
@@ -199,8 +199,8 @@ class _MaskedRuns:
 
 
 def _every_branch(which, first, outputs, values, given, operands) -> EveryBranch:
-    """The outputs to select, without those every branch returns alike, followed by the
-    written operands' values after each branch."""
+    """Build the ``EveryBranch``. Each branch's outputs to select leave out those that
+    every branch returns alike, and end with the written operands' values."""
     same = _same_outputs(outputs, given, operands)
     written = sorted({i for mine in values for i in mine}) if any(values) else []
     if same or written:
@@ -219,7 +219,7 @@ class _Mask:
 
     def __init__(self, first: torch.Tensor, which: torch.Tensor | None, k: int):
         self.first, self.which, self.k = first, which, k
-        # A list, not an attribute set later: see pytrees.Outputs.
+        # A list, not an attribute set later, for the reason in pytrees.Outputs.
         self.value: list[torch.Tensor] = []
 
     def __call__(self) -> torch.Tensor:
@@ -236,20 +236,18 @@ class _Mask:
 def _gradient_guard(
     grad_mode: bool, differentiable: bool, later: bool
 ) -> Callable[[torch.Tensor], bool]:
-    """Which tensors a branch reads masked, so that their gradient comes only from the
-    examples that take it.
-
-    Those that need a gradient now, or every floating one in a program that may be
-    differentiated later (``later``, from ``_differentiated_later``).
-    """
+    """Return a test for the tensors a branch reads masked. Their gradient then comes
+    only from the examples that take the branch. The test picks tensors that need a
+    gradient now. If the program may be differentiated later (``later``), it picks
+    every floating tensor."""
     if later:
         return _differentiable_dtype
     if not differentiable:
         return lambda t: False
 
     def now(t: torch.Tensor) -> bool:
-        # The conditional's grad mode, not the one where the branch first reads the
-        # tensor (it may read it under no_grad).
+        # Use the conditional's grad mode. The branch may first read the tensor under
+        # no_grad.
         with torch.set_grad_enabled(grad_mode):
             return needs_grad(t)
 
@@ -257,10 +255,10 @@ def _gradient_guard(
 
 
 def _differentiated_later() -> bool:
-    """Whether the program being traced may be differentiated later, whatever its
-    inputs need now: one that make_fx or torch.export traces. torch.compile guards on
-    requires_grad and retraces when it changes, but under torch.func it shows the
-    wrapped tensors, which never read as requiring grad."""
+    """Whether the traced program may be differentiated later, whatever its inputs need
+    now. That holds for a make_fx or torch.export trace. torch.compile guards on
+    requires_grad and retraces when it changes. But under torch.func it shows wrapped
+    tensors, which never read as requiring grad."""
     if not _compat.tracing_active():
         return False
     if not _compat.is_dynamo_compiling() or _compat.is_exporting():
@@ -275,14 +273,14 @@ def _differentiable_dtype(t: torch.Tensor) -> bool:
 def _closures_masked(
     mask: _Mask, inputs, writes: BranchWrites, guards, grad_mode: bool, label: str
 ):
-    """A context in which each tensor the branch closes over that ``guards`` picks is
-    read masked, as its operands are (``_masked``). ``label`` names the branch."""
+    """Return a context that masks each closed-over tensor that ``guards`` picks, as
+    ``_masked`` does for operands. ``label`` names the branch."""
 
     def stand_in(t: torch.Tensor) -> torch.Tensor:
         if not guards(t):
             return t
         refuse_untraced(label, [("a tensor it closes over", t)])
-        # The conditional's grad mode, not the branch's where it reads the tensor.
+        # Use the conditional's grad mode, not the branch's at the point of the read.
         with torch.set_grad_enabled(grad_mode):
             where = mask()
             if where.device != t.device and where.device.type != "cpu":
@@ -295,8 +293,8 @@ def _closures_masked(
 
 
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:
-    """The output positions where every branch returns the same tensor. That is the
-    same operand (a branch's masked stand-in of it counts as the operand), or the same
+    """Return the output positions where every branch returns the same tensor. That is
+    the same operand (a branch's masked stand-in counts as the operand), or the same
     object. ``given`` is None when every branch read the operands themselves."""
     first, rest = outputs[0], outputs[1:]
     same = {}
@@ -314,8 +312,8 @@ def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:
 
 
 def _original(out, inputs, operands):
-    """``out``, or the operand it is if it is one of ``inputs`` (the branch's view of
-    ``operands``)."""
+    """Return the operand that ``out`` is, if it is one of ``inputs``, or else ``out``.
+    ``inputs`` is the branch's view of ``operands``."""
     for i, t in enumerate(inputs):
         if out is t:
             return operands[i]
@@ -334,13 +332,13 @@ def select_outputs(which, first, outputs) -> tuple:
 def run_as_conditional_nodes(
     kind: ConditionalKind, selector, branches, operands, labels, if_body
 ) -> tuple:
-    """Each branch captured into its own IF node of the CUDA graph being captured.
+    """Capture each branch into its own IF node of the CUDA graph being captured.
 
-    On replay exactly one node runs, chosen on the device. The first branch's
-    outputs are the results; every later branch copies its outputs into them (the
-    graph after the nodes reads fixed addresses), as PyTorch's own conditional
-    nodes do. Gradients are not recorded through the copies: callers use this only
-    when no operand needs one.
+    On replay the device picks exactly one node to run. The first branch's outputs are
+    the results. Every later branch copies its outputs into them, because the graph
+    after the nodes reads fixed addresses. PyTorch's own conditional nodes do the same.
+    Autograd records nothing through the copies, so callers use this only when no
+    operand needs a gradient.
     """
     which = kind.branch_indices(selector, len(branches))
     results: tuple = ()
@@ -361,11 +359,11 @@ def any_needs_grad(operands) -> bool:
 
 
 def _mask_gradients(mask: torch.Tensor, values) -> list:
-    """``values`` forward; backward, their gradients where ``mask`` is set."""
+    """Return ``values`` unchanged. Their backward keeps gradients only where ``mask`` is set."""
     if _compat.tracing_active():
-        # torch.where, whose derivative masks again, so a traced program's second
-        # order is safe too. A fused select under torch.compile would be saved and
-        # its second-order gradient dropped without an error.
+        # torch.where's derivative masks again, so a traced program's second order is
+        # safe too. Under torch.compile a fused select would be saved, and its
+        # second-order gradient would be dropped without an error.
         return [torch.where(mask, v, _without_gradient(v)) for v in values]
     return select_ops.select(mask, values, [v.detach() for v in values])
 
@@ -375,19 +373,19 @@ _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _without_gradient(v: torch.Tensor) -> torch.Tensor:
-    """``v``'s values, with no gradient in a traced program either. From torch 2.14
-    make_fx records ``detach`` as ``alias``, which a replay of the graph
-    differentiates; a view as integers and back is never differentiated (torch 2.11
-    has no vmap rule for that view, and records ``detach`` as such)."""
+    """Return ``v``'s values with no gradient, in a traced program too. From torch 2.14,
+    make_fx records ``detach`` as ``alias``, which a replay differentiates. A view as
+    integers and back is never differentiated. torch 2.11 has no vmap rule for that
+    view, and it records ``detach`` as such."""
     as_int = _SAME_SIZE_INT.get(v.element_size())
     if not _compat.DETACH_TRACED_AS_ALIAS or as_int is None or v.is_complex():
-        return v.detach()  # complex128: no integer of its size
+        return v.detach()  # complex128 has no integer of its size
     return v.view(as_int).view(v.dtype)
 
 
 def _masked(mask: torch.Tensor, operands, guarded) -> list:
-    """``operands`` unchanged forward; the backward of those at ``guarded`` reads only
-    the examples ``mask`` selects (one fused select for all of them)."""
+    """Return ``operands`` unchanged. The backward of those at ``guarded`` reads only
+    the examples that ``mask`` selects, with one fused select for all of them."""
     masked = _mask_gradients(mask, [operands[i] for i in guarded])
     inputs = list(operands)
     for i, value in zip(guarded, masked):

@@ -1,10 +1,10 @@
-"""Checks and rewrites of a traced branch graph, read from its fake values.
+"""Checks and rewrites of a traced branch graph, based on its fake values.
 
-* A branch's writes to its inputs (operands or lifted closures) become outputs: the
-  new values, after the branch's own (``writes_as_outputs``).
-* No branch writes to graph constants.
-* No output aliases an input, a constant, or another output: such outputs are copied.
-* Where branches disagree on an output's strides, each returns it contiguous.
+* A branch's writes to its inputs (operands or lifted closures) become extra outputs.
+  The new values follow the branch's own outputs (``writes_as_outputs``).
+* No branch may write to a graph constant.
+* No output aliases an input, a constant, or another output. Such outputs are copied.
+* Where branches disagree on an output's strides, each branch returns it contiguous.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from .merge import same_layout
 
 
 def reject_input_writes(gm: torch.fx.GraphModule, label: str, n_operands: int) -> None:
-    """Raise if any op writes (in place, or through ``out=``) into an input or constant.
+    """Raise if an op writes to an input or a constant, in place or through ``out=``.
 
-    The first ``n_operands`` placeholders are the conditional's operands, named in the
-    message by their flat position; later ones are closures lifted into inputs.
+    The first ``n_operands`` placeholders are the conditional's operands. The message
+    names them by flat position. Later placeholders are closures lifted into inputs.
     """
     for root, i in _input_writes(gm):
         why = (
@@ -39,17 +39,17 @@ def reject_input_writes(gm: torch.fx.GraphModule, label: str, n_operands: int) -
 
 
 def written_inputs(gm: torch.fx.GraphModule) -> set[int]:
-    """Positions of the placeholders some op writes to, directly or through a view."""
+    """Return the positions of the placeholders some op writes to, directly or via a view."""
     return {i for _, i in _input_writes(gm) if i is not None}
 
 
 def _input_writes(gm: torch.fx.GraphModule):
-    """``(root, placeholder position or None)`` for every write to an input or constant."""
+    """Yield ``(root, placeholder position or None)`` for each write to an input or constant."""
     roots = _root_storages(gm)
     placeholders = gm.graph.find_nodes(op="placeholder")
     for node in gm.graph.nodes:
         for arg in _written_nodes(node):
-            # By storage, and by the chain of views in the graph: a trace on real
+            # Match by the chain of views as well as by storage. A trace on real
             # tensors may record fake values that share no storage with the input.
             root = roots.get(_storage(arg.meta.get("val"))) or _view_root(arg)
             if root is not None:
@@ -57,12 +57,12 @@ def _input_writes(gm: torch.fx.GraphModule):
 
 
 def writes_as_outputs(gm: torch.fx.GraphModule, written: Sequence[int]) -> None:
-    """Return the new values of the inputs at ``written`` after the graph's outputs.
+    """Make ``gm`` return the new values of the inputs at ``written`` after its outputs.
 
-    ``gm`` is functionalized: its only writes are the trailing ``copy_(input, value)``
-    functionalization adds for each input it wrote. Those become outputs; an input in
-    ``written`` that this graph leaves alone is returned as it is (the old value, which
-    ``copy_aliased_outputs`` then copies).
+    ``gm`` is functionalized. Its only writes are the trailing ``copy_(input, value)``
+    nodes that functionalization adds for each input it wrote. Those become outputs.
+    An input in ``written`` that this graph leaves alone is returned with its old
+    value, and ``copy_aliased_outputs`` later copies it.
     """
     placeholders = gm.graph.find_nodes(op="placeholder")
     new_value: dict[int, torch.fx.Node] = {}
@@ -81,10 +81,10 @@ def writes_as_outputs(gm: torch.fx.GraphModule, written: Sequence[int]) -> None:
 
 
 def copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:
-    """Outputs that are (views of) inputs or constants, or repeat another output, become copies.
+    """Replace each output that aliases an input, a constant or another output by a copy.
 
-    An identity branch then works everywhere without the user adding ``.clone()``,
-    and the operator's outputs never alias its inputs or each other.
+    An identity branch then works everywhere without a ``.clone()`` from the user. The
+    operator's outputs also never alias its inputs or each other.
     """
     roots = _root_storages(gm)
     seen: set = set()
@@ -98,13 +98,13 @@ def copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:
 
 
 def align_output_layouts(graphs: Sequence[torch.fx.GraphModule]) -> None:
-    """Where branches return different strides for an output, each returns it contiguous.
+    """Make each branch return an output contiguous where the branches' strides differ.
 
-    The merged fake output promises contiguous strides in that case (merge.py).
+    In that case the merged fake output promises contiguous strides (merge.py).
     """
     outputs = [output_values(gm) for gm in graphs]
     # Size arithmetic on the branches' values (a stride s0**2, say) belongs to no
-    # trace: with the parent's proxy mode on, it would be recorded there and fail.
+    # trace. With the parent's proxy mode on, it would be recorded there and fail.
     with _compat.disable_proxy_modes_tracing():
         contiguous_needed = [
             [not _compat.definitely_contiguous(val) for val in per_branch]
@@ -119,8 +119,9 @@ def align_output_layouts(graphs: Sequence[torch.fx.GraphModule]) -> None:
 
 
 def returned_inputs(gm: torch.fx.GraphModule) -> dict[int, int]:
-    """Output position -> the input it returns: the placeholder itself or a copy of it
-    (as ``copy_aliased_outputs`` makes one of an input returned unchanged)."""
+    """Map each output position to the input it returns, directly or as a clone.
+
+    ``copy_aliased_outputs`` makes such a clone of an input returned unchanged."""
     placeholders = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
     found = {}
     for j, out in enumerate(gm.graph.find_nodes(op="output")[0].args[0]):
@@ -140,7 +141,7 @@ def _storage(value):
 
 
 def _root_storages(gm) -> dict:
-    """Storage -> the placeholder or constant node that owns it."""
+    """Map each storage to the placeholder or constant node that owns it."""
     roots: dict[object, torch.fx.Node] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -156,12 +157,12 @@ def _root_storages(gm) -> dict:
 
 
 def writes_in_place(gm: torch.fx.GraphModule) -> bool:
-    """Some op of ``gm`` (not of a graph nested in it) writes to an argument."""
+    """Return whether an op of ``gm`` writes to an argument. Nested graphs do not count."""
     return any(_written_nodes(node) for node in gm.graph.nodes)
 
 
 def _written_nodes(node) -> list:
-    """The argument nodes ``node``'s schema marks as written (``a!``)."""
+    """Return the argument nodes that ``node``'s schema marks as written (``a!``)."""
     if node.op != "call_function" or not isinstance(node.target, _compat.OpOverload):
         return []
     written = written_arguments(node.target, node.args, node.kwargs)
@@ -169,8 +170,9 @@ def _written_nodes(node) -> list:
 
 
 def _view_root(node):
-    """The placeholder or constant ``node`` is a view of (through ops whose first output
-    aliases their first argument), or None."""
+    """Return the placeholder or constant that ``node`` is a view of, or None.
+
+    Each view op in the chain has a first output that aliases its first argument."""
     while node.op == "call_function" and isinstance(node.target, _compat.OpOverload):
         returns = _compat.schema_of(node.target).returns
         if not returns or returns[0].alias_info is None or not node.args:
@@ -182,8 +184,9 @@ def _view_root(node):
 
 
 def written_arguments(op, args, kwargs) -> list:
-    """The leaves of the arguments ``op``'s schema marks as written (``a!``), in place
-    or through ``out=``."""
+    """Return the leaves of the arguments that ``op``'s schema marks as written (``a!``).
+
+    This covers both in-place writes and ``out=`` arguments."""
     written = []
     for i, arg in enumerate(_compat.schema_of(op).arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:
@@ -206,7 +209,7 @@ def _describe_root(node, placeholder_index: int | None) -> str:
 
 
 def _copy_outputs(gm, indices, memory_format=None) -> None:
-    """Replace the graph's outputs at ``indices`` by fresh copies."""
+    """Replace the graph's outputs at ``indices`` with fresh copies."""
     if not indices:
         return
     output = gm.graph.find_nodes(op="output")[0]
@@ -215,7 +218,7 @@ def _copy_outputs(gm, indices, memory_format=None) -> None:
     for i in sorted(indices):
         with gm.graph.inserting_before(output):
             copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],), kwargs)
-        # The value a trace records is never wrapped by a torch.func level, active or not.
+        # A trace records values that no torch.func level wraps, active or not.
         with _compat.outside_trace_and_transforms():
             copy.meta["val"] = outs[i].meta["val"].clone(**kwargs)
         outs[i] = copy
@@ -224,8 +227,8 @@ def _copy_outputs(gm, indices, memory_format=None) -> None:
 
 
 def symbols_of(value) -> set:
-    """The free symbols of a SymInt (SymFloat, SymBool) or of a tensor's sizes and
-    strides; empty for anything else."""
+    """Return the free symbols of a SymInt, SymFloat or SymBool, or of a tensor's sizes
+    and strides. Anything else has none."""
     if isinstance(value, torch.Tensor):
         return set().union(*map(free_symbols, (*value.shape, *value.stride())))
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -238,7 +241,7 @@ def is_symbolic_scalar(node: torch.fx.Node) -> bool:
 
 
 def getattr_path(module: torch.nn.Module, target: str):
-    """``module.a.b`` for a get_attr node's dotted target."""
+    """Resolve a get_attr node's dotted target, such as ``a.b`` to ``module.a.b``."""
     value = module
     for part in target.split("."):
         value = getattr(value, part)

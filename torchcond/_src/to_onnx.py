@@ -1,18 +1,19 @@
-"""The conditionals in ONNX: ``cond`` is an ``If``, ``switch`` a chain of ``If``s.
+"""ONNX translations of the conditionals. ``cond`` becomes an ``If``, and ``switch``
+becomes a chain of ``If``s.
 
 ``torch.onnx.export(..., dynamo=True)`` translates each branch graph into an ONNX
-function and passes it here. A branch of the ``If`` is a graph of one node that calls
-that function on the operands, which the ``If``'s subgraph reads from the enclosing
-scope, as torch's translation of ``torch.cond`` does.
+function and passes it here. Each branch of the ``If`` is a graph of one node. That
+node calls the function on the operands, which the ``If``'s subgraph reads from the
+enclosing scope. Torch's translation of ``torch.cond`` works the same way.
 
-``switch(i, b0, ..., bn)`` is ``b0 if i < 1 else (b1 if i < 2 else ... bn)``: the
-comparisons are made once, outside the chain, and the clamping of an out-of-range
-index (to ``b0`` or ``bn``, switch's index rule: ``kinds.clamp_index``) falls out of the
-``<`` tests.
+``switch(i, b0, ..., bn)`` is ``b0 if i < 1 else (b1 if i < 2 else ... bn)``. The
+comparisons run once, outside the chain. The ``<`` tests also clamp an out-of-range
+index to ``b0`` or ``bn``, which is switch's index rule (``kinds.clamp_index``).
 
-The select operators (what ``passes.lower_to_select`` leaves, for runtimes without
-control flow) are ``Where``s: the selector gains trailing axes of size one, since
-ONNX broadcasts from the right and a selector's shape is a prefix of the values'.
+The select operators become ``Where``s. ``passes.lower_to_select`` leaves these
+operators for runtimes without control flow. The selector gains trailing axes of size
+one, because ONNX broadcasts from the right and a selector's shape is a prefix of the
+values' shapes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .._compat import onnx as _compat_onnx
 
 
 def translations(cond_op, switch_op) -> dict:
-    """{operator: its translation}, for the exporter's registry."""
+    """Return ``{operator: translation}`` for the exporter's registry."""
     return {
         cond_op: translate_cond,
         switch_op: translate_switch,
@@ -35,7 +36,7 @@ def translations(cond_op, switch_op) -> dict:
 
 
 def translate_cond(pred, true_func, false_func, operands: Sequence):
-    """``torchcond_cond(pred, true_graph, false_graph, operands)`` as an ``If``."""
+    """Translate ``torchcond_cond(pred, true_graph, false_graph, operands)`` to an ``If``."""
     call_op = _compat_onnx.call_op()
     (flag,) = call_op("Cast", pred, to=_ir().DataType.BOOL)
     then_graph = _calling(true_func, operands)
@@ -50,7 +51,8 @@ def translate_cond(pred, true_func, false_func, operands: Sequence):
 
 
 def translate_switch(index, *funcs_then_operands):
-    """``torchcond_switch(index, graph_0, ..., graph_n, operands)`` as nested ``If``s."""
+    """Translate ``torchcond_switch(index, graph_0, ..., graph_n, operands)`` to nested
+    ``If``s."""
     *funcs, operands = funcs_then_operands
     call_op = _compat_onnx.call_op()
     ir = _ir()
@@ -61,7 +63,8 @@ def translate_switch(index, *funcs_then_operands):
     for k in range(1, len(funcs)):
         (bound,) = call_op("Constant", value_int=k)
         below.extend(call_op("Less", index, bound))
-    # Innermost first: the last two branches, then each earlier one around them.
+    # Build the chain from the inside out. The innermost ``If`` picks between the last
+    # two branches. Each earlier branch then wraps the chain.
     chain = _calling(funcs[-1], operands)
     for k in range(len(funcs) - 2, 0, -1):
         inner = ir.Node(
@@ -87,7 +90,8 @@ def translate_switch(index, *funcs_then_operands):
 
 
 def translate_select(pred, true_values: Sequence, false_values: Sequence):
-    """``torchcond.select(pred, true_values, false_values)`` as one ``Where`` per output."""
+    """Translate ``torchcond.select(pred, true_values, false_values)`` to one ``Where``
+    per output."""
     call_op = _compat_onnx.call_op()
     (flag,) = call_op("Cast", pred, to=_ir().DataType.BOOL)
     return [
@@ -97,8 +101,9 @@ def translate_select(pred, true_values: Sequence, false_values: Sequence):
 
 
 def translate_select_n(index, cases: Sequence, num_branches: int):
-    """``torchcond.select_n(index, cases, n)``: per output, ``case_0 if index < 1 else
-    (case_1 if index < 2 else ... case_n)``, a chain of ``Where``s."""
+    """Translate ``torchcond.select_n(index, cases, n)`` to a chain of ``Where``s per
+    output. Each chain computes ``case_0 if index < 1 else (case_1 if index < 2 else
+    ... case_n)``."""
     call_op = _compat_onnx.call_op()
     index_rank = index.shape
     (index,) = call_op("Cast", index, to=_ir().DataType.INT64)
@@ -119,7 +124,7 @@ def translate_select_n(index, cases: Sequence, num_branches: int):
 
 
 def _broadcastable(selector, selector_rank: int, value):
-    """``selector`` (of rank ``selector_rank``) with trailing axes of size one up to
+    """Give ``selector`` (of rank ``selector_rank``) trailing axes of size one up to
     ``value``'s rank."""
     call_op = _compat_onnx.call_op()
     rank = len(value.shape)
@@ -131,10 +136,11 @@ def _broadcastable(selector, selector_rank: int, value):
 
 
 def _calling(func, operands: Sequence):
-    """A graph with no inputs whose one node calls ``func`` on the outer ``operands``."""
+    """Return a graph with no inputs whose one node calls ``func`` on the outer
+    ``operands``."""
     ir = _ir()
     node = ir.Node(func.domain, func.name, list(operands), num_outputs=len(func.outputs))
-    # Every value in a model needs its own name; a function's output names repeat.
+    # Every value in a model needs a unique name, but a function's output names repeat.
     for declared, value in zip(func.outputs, node.outputs):
         value.name = f"{declared.name}_{func.name}"
     return ir.Graph((), node.outputs, nodes=[node], name=func.name)

@@ -1,8 +1,9 @@
-"""Flat functions as closure-free GraphModules: the one place a branch is traced.
+"""Tracing of flat functions into closure-free GraphModules.
 
-``trace_branches`` traces branches as subgraphs of the current make_fx session,
-lifting what they close over into explicit operands, and returns everything it
-found as a value (``Traced``). ``materialize_graph`` traces the derivative graphs.
+This is the only module that traces a branch. ``trace_branches`` traces branches as
+subgraphs of the current make_fx session. It lifts what they close over into
+explicit operands and returns everything it found as one value (``Traced``).
+``materialize_graph`` traces the derivative graphs.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ from .state import every_branch_runs
 class PretracedBranch:
     """A branch already traced, closure-free, as a subgraph of one make_fx session.
 
-    It exists so that each branch is traced once per session: the Autograd and
-    Functionalize rules trace the branches, and the rules below them record these
-    graphs (``pretraced``) instead of tracing the branches again. Anywhere else it is
-    the function its graph computes.
+    It lets each branch be traced once per session. The Autograd and Functionalize
+    rules trace the branches. The rules below them record these graphs (``pretraced``)
+    instead of tracing again. Anywhere else it acts as the function its graph computes.
 
-    ``functional``: traced under functionalization. ``written``: the positions of the
-    operands the branch writes to. The graph writes to none of them: it returns their
-    new values after its own outputs, and the rule that records the conditional
-    writes them back (``pending_writes``).
+    ``functional`` says the branch was traced under functionalization. ``written``
+    holds the positions of the operands the branch writes to. The graph returns their
+    new values after its own outputs and writes to none of them. The rule that records
+    the conditional writes them back (``pending_writes``).
     """
 
     __slots__ = ("__name__", "functional", "graph", "tracer", "written")
@@ -50,8 +50,9 @@ class PretracedBranch:
 
 
 def pretraced(branches, tracer, functional: bool | None = None):
-    """``(graphs, written)`` when every branch is a ``PretracedBranch`` of ``tracer``
-    (traced with functionalization ``functional``, if given); else None."""
+    """Return ``(graphs, written)`` if every branch is a ``PretracedBranch`` of ``tracer``.
+
+    If ``functional`` is given, every branch must match it too. Otherwise return None."""
     if not all(isinstance(b, PretracedBranch) and b.tracer is tracer for b in branches):
         return None
     if functional is not None and any(b.functional is not functional for b in branches):
@@ -60,9 +61,10 @@ def pretraced(branches, tracer, functional: bool | None = None):
 
 
 def pending_writes(branches) -> tuple[tuple[int, ...], list]:
-    """The operand positions whose new values ``branches`` return last, and the
-    branches handed on once the caller takes on writing them back: the same graphs,
-    whose extra outputs are then plain outputs to the rules below."""
+    """Return the written operand positions and the branches to hand on.
+
+    The caller writes back the new values that ``branches`` return last. The rules
+    below then see those values as plain outputs of the same graphs."""
     written = getattr(branches[0], "written", ())
     if not written:
         return (), list(branches)
@@ -70,20 +72,16 @@ def pending_writes(branches) -> tuple[tuple[int, ...], list]:
 
 
 def _refuse_writes_under_derivative(written: Sequence[int], n_operands: int, labels) -> None:
-    """Refuse writes found while the Autograd rule's own conditional runs its forward:
-    the derivative recomputes the branches from operands the write-back would change.
-
-    The Autograd rule traces writing branches itself, before its ``autograd.Function``,
-    and writes back above it.
-    """
+    """Refuse writes found while the Autograd rule's own conditional runs its forward.
+    The derivative recomputes the branches from operands the write-back would change."""
     if _IN_CONDITIONAL_FORWARD.get():
         refuse_writes_under_transform(written, n_operands, labels)
 
 
 def refuse_writes_under_transform(written: Sequence[int], n_operands: int, labels) -> None:
-    """Refuse writes to the inputs of a conditional a torch.func transform
-    differentiates: its derivative recomputes the branches from the operands, which
-    the write would change."""
+    """Refuse writes to the inputs of a conditional that a torch.func transform
+    differentiates. Its derivative recomputes the branches from the operands, and the
+    write would change them."""
     if not written:
         return
     message = (
@@ -97,16 +95,18 @@ def refuse_writes_under_transform(written: Sequence[int], n_operands: int, label
 
 
 def raise_about_write(message: str, w: int, n_operands: int, closure: str) -> NoReturn:
-    """Raise ``BranchMutationError(message)`` about input ``w``: an operand is named by
-    its path (``{path}``), a lifted closure as ``closure``."""
+    """Raise ``BranchMutationError(message)`` about input ``w``. The message names an
+    operand by its path (``{path}``) and a lifted closure as ``closure``."""
     if w < n_operands:
         raise BranchMutationError.at("operand", w, message)
     raise BranchMutationError(message.format(path=closure))
 
 
 def written_back(out, written: Sequence[int], write) -> tuple:
-    """The conditional's own outputs; the new values of the operands at ``written``,
-    returned after them, are written back with ``write(position, value)``."""
+    """Return the conditional's own outputs, and write back the values that follow them.
+
+    Those values are the new values of the operands at ``written``. Each one goes to
+    ``write(position, value)``."""
     if not written:
         return out
     n = len(out) - len(written)
@@ -116,12 +116,12 @@ def written_back(out, written: Sequence[int], write) -> tuple:
 
 
 def plain(branch):
-    """A branch as the function it is: a ``PretracedBranch``'s graph, anything else as is."""
+    """Return a ``PretracedBranch``'s graph, or any other branch as it is."""
     return branch.graph if isinstance(branch, PretracedBranch) else branch
 
 
-# A graph's queries of its tensors' sizes, as make_fx records them where sizes are
-# symbolic, answered by the tensors' Python methods.
+# make_fx records these size queries where sizes are symbolic. Each maps to the
+# tensor method that answers it.
 _SIZE_QUERIES: dict[object, Callable] = {
     torch.ops.aten.sym_size.int: torch.Tensor.size,
     torch.ops.aten.sym_stride.int: torch.Tensor.stride,
@@ -131,9 +131,10 @@ _SIZE_QUERIES: dict[object, Callable] = {
 
 
 def logical_sizes(branch):
-    """``branch`` to run on a vmap level's batched tensors: a graph that queries sizes
-    is run node by node, each query answered with the per-example size, as the
-    code it was traced from reads it (the operators have no batching rule)."""
+    """Make ``branch`` runnable on a vmap level's batched tensors.
+
+    The operators have no batching rule. So a graph that queries sizes runs node by
+    node, and each query gets the per-example size, as the traced code read it."""
     gm = plain(branch)
     if not isinstance(gm, torch.fx.GraphModule) or not any(
         node.op == "call_function" and node.target in _SIZE_QUERIES for node in gm.graph.nodes
@@ -146,7 +147,7 @@ class _LogicalSizes(torch.fx.Interpreter):
     def run_branch(self, *args):
         from torch.fx import traceback as fx_traceback
 
-        # Each node's meta (its stack trace) current while it runs, as for a trace.
+        # Keep each node's meta (its stack trace) current while it runs, as a trace does.
         with fx_traceback.preserve_node_meta():
             return self.run(*args)
 
@@ -160,11 +161,11 @@ class _LogicalSizes(torch.fx.Interpreter):
 class Traced(NamedTuple):
     """Branches traced into closure-free graphs of one make_fx session."""
 
-    # The operands given, then every closed-over tensor or SymInt a branch used,
-    # deduplicated, in order of first use (branch by branch).
+    # The given operands, then each closed-over tensor or SymInt a branch used. The
+    # closures appear once each, in order of first use, branch by branch.
     operands: tuple
-    # The branches to hand to the operator in this session: one GraphModule per
-    # branch, every one taking ``operands``, as PretracedBranches.
+    # The branches to hand to the operator in this session, as PretracedBranches.
+    # Each wraps one GraphModule that takes ``operands``.
     branches: list[PretracedBranch]
 
     @property
@@ -173,20 +174,17 @@ class Traced(NamedTuple):
 
     @property
     def written(self) -> tuple[int, ...]:
-        """The positions in ``operands`` of the tensors some branch writes to; every
-        graph returns their new values after its own outputs, in this order."""
+        """Positions of written operands. Graphs return their new values last, in this order."""
         return self.branches[0].written
 
 
 def functionalized_writing_back(fn: Callable, mode, label: str) -> Callable:
-    """``fn`` under the Python functionalization ``mode``, on functional wrappers of its
-    (plain) inputs, returning plain tensors.
+    """Wrap ``fn`` to run under the Python functionalization ``mode``.
 
-    Functionalization turns a write to an input into a new value of the input's
-    wrapper, which the trace would otherwise drop. As C++ functionalization does, the
-    new value is written back at the end (``input.copy_(value)``), so the write shows
-    in the branch's graph, where ``trace_branches`` makes it an output. A change of an
-    input's sizes or strides in place cannot be written back and is refused here.
+    A write to an input becomes a new value of its functional wrapper, which the trace
+    would drop. So the wrapper copies each new value back at the end, as C++
+    functionalization does. The write then shows in the branch's graph, where
+    ``trace_branches`` makes it an output.
     """
 
     def run(*args):
@@ -199,11 +197,13 @@ def functionalized_writing_back(fn: Callable, mode, label: str) -> Callable:
 
 
 def run_functionalized(fn: Callable, mode, label: str, args: tuple):
-    """``fn(*args)`` functionalized by ``mode``: its outputs, and ``(position, new
-    value)`` for each input it wrote to, as plain tensors; the inputs are left as they
-    were."""
-    # A real tensor among fake ones is a constant the branch made (``torch.tensor([1])``,
-    # lifted): it stays as it is, as fake tensors take constants.
+    """Run ``fn(*args)`` functionalized by ``mode``, leaving the inputs unchanged.
+
+    Returns the outputs and ``(position, new value)`` for each input written, all as
+    plain tensors.
+    """
+    # A real tensor among fake ones is a lifted constant the branch made, such as
+    # ``torch.tensor([1])``. It stays unwrapped, because fake tensors accept constants.
     fake = _compat.fake_mode_of(args) is not None
     with _compat.functionalize_key_excluded(), mode:
         wrapped = [
@@ -233,8 +233,9 @@ def run_functionalized(fn: Callable, mode, label: str, args: tuple):
 
 
 def writes_of(fns: Sequence[Callable], mode, labels: Sequence[str], args: tuple) -> tuple:
-    """The positions of the inputs some of ``fns`` writes to, found by running each
-    functionalized by ``mode`` (on fake tensors: nothing is written)."""
+    """Return the positions of the inputs that some of ``fns`` write to.
+
+    Each function runs functionalized by ``mode``, so nothing is written."""
     written: set[int] = set()
     for fn, label in zip(fns, labels):
         written.update(i for i, _ in run_functionalized(fn, mode, label, args)[1])
@@ -242,8 +243,10 @@ def writes_of(fns: Sequence[Callable], mode, labels: Sequence[str], args: tuple)
 
 
 def returning_writes(fn: Callable, mode, label: str, written: Sequence[int]) -> Callable:
-    """``fn`` functionalized by ``mode``, returning the new values of its inputs at
-    ``written`` (the old value where it leaves one alone) after its own outputs."""
+    """Wrap ``fn`` to run functionalized by ``mode`` and return its inputs' new values.
+
+    The values of the inputs at ``written`` follow ``fn``'s own outputs. An input
+    that ``fn`` leaves alone keeps its old value."""
 
     def run(*args):
         out, new = run_functionalized(fn, mode, label, args)
@@ -269,12 +272,12 @@ def trace_branches(
     functional: bool = False,
     lift_also: Callable[[object], bool] = lifts_nothing_else,
 ) -> Traced:
-    """Trace every branch into a GraphModule taking the same flat inputs.
+    """Trace every branch into a GraphModule that takes the same flat inputs.
 
-    The graphs are checked and rewritten by ``pretraced_branches``. ``functional``: the
-    branches are traced under functionalization (recorded on the PretracedBranches).
-    ``lift_also(value)``: a tensor the enclosing trace does not know that is a
-    closure all the same (a stand-in for a batched tensor, closures.py).
+    ``pretraced_branches`` checks and rewrites the graphs. ``functional`` says the
+    branches run under functionalization, and the PretracedBranches record it.
+    ``lift_also(value)`` says whether a tensor unknown to the enclosing trace is still
+    a closure. One example is a stand-in for a batched tensor (closures.py).
     """
     with every_branch_runs(), _real_constants_kept(_compat.fake_mode_of(operands) is not None):
         traced = [trace_lifting(b, operands, parent_tracer, lift_also=lift_also) for b in branches]
@@ -297,8 +300,9 @@ def trace_branches(
     )
 
 
-# While branches are traced on fake tensors: the real tensors they close over (with
-# one element: fake tensors refuse larger ones), each with its value before.
+# Set while branches are traced on fake tensors. It holds the real tensors they close
+# over, each with its value before the trace. Such tensors have one element, because
+# fake tensors refuse larger ones.
 _REAL_CONSTANTS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "torchcond_real_constants", default=None
 )
@@ -306,9 +310,10 @@ _REAL_CONSTANTS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def _real_constants_kept(fake: bool):
-    """A trace on fake tensors writes nothing real: make_fx computes an op on real
-    one-element tensors for real, so a branch's write to one it closes over would
-    land while every branch is traced. Their values are put back afterwards."""
+    """Restore the real tensors that branches close over after a trace on fake tensors.
+
+    make_fx computes ops on real one-element tensors for real. So a branch's write to
+    one would land during the trace, but a fake trace must write nothing real."""
     if not fake:
         yield
         return
@@ -326,12 +331,13 @@ def _real_constants_kept(fake: bool):
 def _writes_as_outputs(
     graphs, operands: tuple, n_operands: int, labels, parent_tracer, functional: bool
 ):
-    """Graphs that write to none of their inputs, returning the new values of those
-    some branch writes to (cond_v2's "mutated variables become outputs").
+    """Return graphs that write to none of their inputs, and the written positions.
 
-    A graph that writes to an input is traced again functionalized, unless it was
-    traced so: its only writes are then the trailing ``copy_``s functionalization
-    adds, which ``subgraph.writes_as_outputs`` turns into outputs.
+    Each graph returns the new values of the inputs some branch writes to, as in
+    cond_v2 ("mutated variables become outputs"). A graph that writes to an input is
+    traced again functionalized, unless it already was. Its only writes are then the
+    trailing ``copy_`` nodes of functionalization. ``subgraph.writes_as_outputs``
+    turns those into outputs.
     """
     writes = [subgraph.written_inputs(gm) for gm in graphs]
     if not any(writes):
@@ -341,8 +347,8 @@ def _writes_as_outputs(
             _functional_retrace(gm, operands, parent_tracer, label) if mine else gm
             for gm, mine, label in zip(graphs, writes, labels)
         ]
-        # Functionalization may find more: an op whose schema does not show its write
-        # (a pre-dispatch trace's batch_norm updates its running statistics).
+        # Functionalization may find more writes. Some ops' schemas hide a write, such
+        # as batch_norm updating its running statistics in a pre-dispatch trace.
         writes = [subgraph.written_inputs(gm) for gm in graphs]
     written = tuple(sorted(set().union(*writes)))
     _check_writable(operands, n_operands, written, labels, writes)
@@ -358,8 +364,9 @@ def _functional_retrace(gm, operands: tuple, parent_tracer, label: str) -> torch
 
 
 def _replaying(gm: torch.fx.GraphModule) -> Callable:
-    """``gm`` run node by node, each node's meta (its stack trace) current while it runs,
-    so that a trace of it records the same."""
+    """Return a function that runs ``gm`` node by node.
+
+    Each node's meta (its stack trace) is current while it runs, so a trace records it."""
     from torch.fx import traceback as fx_traceback
 
     def run(*args):
@@ -370,7 +377,7 @@ def _replaying(gm: torch.fx.GraphModule) -> Callable:
 
 
 def _check_writable(operands: tuple, n_operands: int, written, labels, writes) -> None:
-    """Refuse writes that cannot be written back as a Python ``if`` would make them."""
+    """Refuse writes that cannot be written back the way a Python ``if`` would make them."""
     for w in written:
         label = next(lab for lab, mine in zip(labels, writes) if w in mine)
         target = operands[w]
@@ -412,12 +419,11 @@ def pretraced_branches(
     functional: bool,
     written: tuple = (),
 ) -> list[PretracedBranch]:
-    """Graphs just traced in ``tracer``'s session, checked and made fit to record as
-    one conditional: none writes to its inputs, none returns an alias of an input,
-    and where they disagree on an output's strides, each returns it contiguous.
+    """Check graphs just traced in ``tracer``'s session and fit them into one conditional.
 
-    ``functional``: traced under functionalization. A graph that writes nothing in
-    place is what functionalization would make of it, and counts as functional too.
+    No graph may write to its inputs or return an alias of one. Where the graphs
+    disagree on an output's strides, each returns it contiguous. A graph with no
+    in-place writes counts as functional, because functionalization would not change it.
     """
     for gm, label in zip(graphs, labels):
         subgraph.reject_input_writes(gm, label, n_operands)
@@ -433,12 +439,11 @@ _COUNTER = re.compile(r"_\d+$")
 
 
 def renamed_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of ``gm`` whose op nodes are named as a fresh trace of it names them.
+    """Copy ``gm`` and name its op nodes as a fresh trace of it would.
 
-    Derivative graphs lose nodes (the forward outputs nothing reads) after they are
-    traced; recorded as they are, their names would keep the gaps (``mul_1`` with no
-    ``mul``). The copy also lets one cached graph be recorded at several nodes, each
-    with a module of its own.
+    Derivative graphs lose nodes after tracing, such as forward outputs that nothing
+    reads. Their names would keep the gaps (``mul_1`` with no ``mul``). The copy also
+    lets one cached graph be recorded at several nodes, each with its own module.
     """
     graph = torch.fx.Graph()
     env: dict = {}
@@ -487,16 +492,16 @@ def _align_lifted_placeholders(gm, branch_lifted, lifted: dict, n_operands: int)
     gm.recompile()
 
 
-# --- a function traced as a subgraph of the current trace, closures lifted ---------
+# --- tracing a function as a subgraph of the current trace, lifting closures -------
 
 
 class _LiftingTracker:
-    """A proxy-slot table that, on a miss, lifts what the parent tracer knows.
+    """A proxy-slot table that lifts values the parent tracer knows when a lookup misses.
 
-    make_fx's sub-tracer bakes a tensor it has never seen into the subgraph as a
-    constant, and fails on a SymInt it has never seen. Both are closures over values
-    of the enclosing graph. Here a miss asks the parent tracer; when the parent tracks
-    the value, it becomes a new placeholder of the subgraph and is recorded so the
+    make_fx's sub-tracer bakes an unseen tensor into the subgraph as a constant. It
+    fails on an unseen SymInt. Both are closures over values of the enclosing graph.
+    On a miss, this table asks the parent tracer. If the parent tracks the value, the
+    value becomes a new placeholder of the subgraph. The table records it so that the
     caller can pass it in as an explicit operand.
     """
 
@@ -540,7 +545,7 @@ class _LiftingTracker:
         elif self._also(key):
             name = "closure"
         elif self._constants and _compat.is_real_tensor(key):
-            # A plain tensor attribute or global: a constant of the whole program. It
+            # A plain tensor attribute or global is a constant of the whole program. It
             # is lifted too, so the enclosing graph owns it (export lifts constants).
             name = "closed_over_constant"
             kept = _REAL_CONSTANTS.get()
@@ -577,19 +582,20 @@ def trace_lifting(
     lift_constants: bool = True,
     lift_also: Callable[[object], bool] = lifts_nothing_else,
 ) -> tuple[torch.fx.GraphModule, list]:
-    """make_fx ``fn`` as a subgraph of the current trace, lifting closures.
+    """Trace ``fn`` with make_fx as a subgraph of the current trace, lifting closures.
 
-    Returns the GraphModule and ``[(value, placeholder_node), ...]`` for every value
-    lifted, in first-use order. With ``user_stack_traces`` nodes carry the user's
-    stack trace; without, they keep what the graph being re-run recorded. Without
-    ``lift_constants`` a real tensor the enclosing trace does not know stays a
-    constant of the subgraph. ``lift_also``: as for ``trace_branches``.
+    Returns the GraphModule and ``[(value, placeholder_node), ...]`` for each lifted
+    value, in order of first use. With ``user_stack_traces``, nodes carry the user's
+    stack trace. Without it, they keep what the re-run graph recorded. Without
+    ``lift_constants``, a real tensor unknown to the enclosing trace stays a constant
+    of the subgraph. ``lift_also`` works as in ``trace_branches``.
     """
     parent = _compat.current_make_fx_tracer()
     if parent.fx_tracer is not parent_fx_tracer:
-        # make_fx keeps its current tracer in a process-wide variable (2.11-2.15): with
-        # two threads tracing, it can be the other thread's, whose fake mode entered
-        # here aborts the process. The caller's tracer comes from this thread's modes.
+        # make_fx keeps its current tracer in a process-wide variable (2.11-2.15). With
+        # two threads tracing, it can be the other thread's tracer. Entering that
+        # tracer's fake mode here aborts the process. The caller's tracer comes from
+        # this thread's modes.
         raise RuntimeError(
             "torchcond: cannot trace a branch: torch's current make_fx session belongs to "
             "another thread (make_fx is not thread-safe; trace in one thread at a time)"
@@ -610,18 +616,19 @@ def trace_lifting(
     return gm, lifted
 
 
-# Node meta key: the traced code itself turned grad off for this node (a
+# Node meta key. It marks a node for which the traced code itself turned grad off (a
 # ``torch.no_grad()`` block). Re-running the graph to differentiate it runs such nodes
-# under no_grad, so they stay constants, as they are to the branch's own autograd.
+# under no_grad. They stay constants, as they are to the branch's own autograd.
 GRAD_DISABLED = "torchcond_grad_disabled"
-# Node meta key: grad was off for this node, and the traced code did not turn it off.
-# The node is part of an autograd.Function's forward (or an inference_mode block). Its
-# derivative is that Function's backward, which the graph does not hold.
+# Node meta key. It marks a node made with grad off, where the traced code did not
+# turn grad off. The node is part of an autograd.Function's forward (or an
+# inference_mode block). Its derivative is that Function's backward, which the graph
+# does not hold.
 OWN_BACKWARD = "torchcond_own_backward"
 
 
 def runs_custom_forward(gm: torch.fx.GraphModule) -> bool:
-    """Some node of ``gm`` or of a graph nested in it is marked ``OWN_BACKWARD``."""
+    """Return whether a node of ``gm``, or of a graph nested in it, has ``OWN_BACKWARD``."""
     return any(
         node.meta.get(OWN_BACKWARD)
         for module in gm.modules()
@@ -631,13 +638,13 @@ def runs_custom_forward(gm: torch.fx.GraphModule) -> bool:
 
 
 class _GradModeSetByCode(torch.overrides.TorchFunctionMode):
-    """Grad mode as the traced code sets it, and the ops the code calls with grad off.
+    """Track grad mode as the traced code sets it, and the ops it calls with grad off.
 
-    ``no_grad``, ``enable_grad`` and ``set_grad_enabled`` go through
-    ``torch._C._set_grad_enabled``, a torch function. An autograd.Function also runs
-    its forward with grad off, but in C++: that forward is differentiable code, and
-    only the code's own switches count. The ops the code calls while grad is off
-    (inside such a forward) are kept, for ``_marks_own_backward``.
+    ``no_grad``, ``enable_grad`` and ``set_grad_enabled`` all call the torch function
+    ``torch._C._set_grad_enabled``. An autograd.Function also runs its forward with
+    grad off, but does so in C++. That forward is differentiable code, so only the
+    code's own switches count. The mode also keeps the ops the code calls while grad
+    is off (inside such a forward) for ``_marks_own_backward``.
     """
 
     def __init__(self):
@@ -657,8 +664,8 @@ class _GradModeSetByCode(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-# Set while torchcond's own autograd.Function runs its forward: the conditional node
-# it records is differentiated by the operator's Autograd rule, not a user's backward.
+# Set while torchcond's own autograd.Function runs its forward. The operator's
+# Autograd rule differentiates the conditional node it records, not a user's backward.
 _IN_CONDITIONAL_FORWARD: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "torchcond_in_conditional_forward", default=False
 )
@@ -666,7 +673,9 @@ _IN_CONDITIONAL_FORWARD: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def conditional_forward():
-    """Around ``autograd.DifferentiableConditional.forward``: its grad-off is not a custom backward's."""
+    """Mark the run of ``autograd.DifferentiableConditional.forward``.
+
+    Grad is off there, but no user's custom backward is involved."""
     token = _IN_CONDITIONAL_FORWARD.set(True)
     try:
         yield
@@ -675,18 +684,17 @@ def conditional_forward():
 
 
 def _marks_own_backward(node: torch.fx.Node, grad_mode: _GradModeSetByCode) -> bool:
-    """Whether ``node``, made with grad off though the code did not turn it off, is
-    part of a forward whose derivative the graph does not hold.
+    """Return whether ``node`` is part of a forward whose derivative the graph lacks.
 
-    Not so for an op with its own derivative (a ``torch.library`` custom op with
-    ``register_autograd``), which runs below autograd with grad off: its node is the
-    op, and running it with grad on runs its derivative. Unless the code itself
-    called it with grad off, inside an autograd.Function's forward.
-    """
+    Grad was off for ``node``, but the traced code did not turn it off."""
     if _IN_CONDITIONAL_FORWARD.get():
         return False
     calling = grad_mode.calling_without_grad
     called_without_grad = bool(calling) and calling[-1] is node.target
+    # An op with its own derivative (a ``torch.library`` custom op with
+    # ``register_autograd``) runs below autograd with grad off. Its node is the op, so
+    # re-running it with grad on runs that derivative. This does not hold if the code
+    # itself called the op with grad off, inside an autograd.Function's forward.
     return called_without_grad or not _compat.has_own_derivative(node.target)
 
 
@@ -694,8 +702,9 @@ def _marks_own_backward(node: torch.fx.Node, grad_mode: _GradModeSetByCode) -> b
 def _marking_grad_disabled_nodes(fx_tracer):
     """Mark the nodes created while the traced code has grad off.
 
-    A trace that begins with grad off (inside an autograd.Function's forward, under
-    the caller's ``no_grad``) is not differentiated through; it marks nothing.
+    A trace that begins with grad off is not differentiated through, so it marks
+    nothing. This happens inside an autograd.Function's forward or under the caller's
+    ``no_grad``.
     """
     if not torch.is_grad_enabled():
         yield
@@ -718,11 +727,11 @@ def _marking_grad_disabled_nodes(fx_tracer):
 
 @contextlib.contextmanager
 def _branch_stack_traces(fx_tracer):
-    """Nodes record the branch's own source lines, not the line that called cond.
+    """Make nodes record the branch's own source lines, not the line that called cond.
 
-    Export keeps the caller's stack trace in fx's "current meta" and stamps it on
-    every node it creates; while a branch is traced we hide it and let the tracer
-    record the user's frames (the innermost is the branch's line).
+    Export keeps the caller's stack trace in fx's "current meta" and stamps it on every
+    node it creates. While a branch is traced, this hides that stack trace. The tracer
+    then records the user's frames, and the innermost frame is the branch's line.
     """
     from torch.fx import traceback as fx_traceback
 
@@ -731,14 +740,14 @@ def _branch_stack_traces(fx_tracer):
     try:
         yield
     finally:
-        # Put back into the current meta, not the dict popped from: make_fx's
+        # Restore into the current meta, not into the dict popped from. make_fx's
         # preserve_node_meta restores a copy of the meta it found on entry.
         if saved is not None:
             fx_traceback.current_meta["stack_trace"] = saved
 
 
 def _fresh_leaf(value):
-    """A new leaf tensor with ``value``'s metadata, tracked by no tracer or autograd graph."""
+    """Return a new leaf tensor like ``value``, tracked by no tracer or autograd graph."""
     if not isinstance(value, torch.Tensor):
         return value
     return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
@@ -747,17 +756,17 @@ def _fresh_leaf(value):
 def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:
     """Trace ``fn(*args)`` into a closure-free GraphModule, with autograd on.
 
-    Inputs are fresh leaf tensors shaped like ``args`` (so ``fn`` may make them
-    require grad and differentiate with respect to them). Inside a make_fx session
-    this is a subgraph of the current trace: same fake mode, same shape env, same
-    decompositions. Functionalization and the caller's modes are set aside while
-    tracing, as a HOP's branch tracing does.
+    The inputs are fresh leaf tensors shaped like ``args``. So ``fn`` may make them
+    require grad and differentiate with respect to them. Inside a make_fx session the
+    graph is a subgraph of the current trace. It shares the fake mode, the shape env
+    and the decompositions. Functionalization and the caller's modes are set aside
+    while tracing, as in a HOP's branch tracing.
     """
     in_session = _compat.in_make_fx_session()
     parent_fx_tracer = _compat.active_fx_tracer()
     fake_mode = _compat.fake_mode_of(args)
     with contextlib.ExitStack() as stack:
-        # Outer torch.func levels stay outside: the graph is a plain function.
+        # Outer torch.func levels stay outside, because the graph is a plain function.
         stack.enter_context(_compat.every_mode_set_aside())
         if fake_mode is not None:
             stack.enter_context(fake_mode)
@@ -765,8 +774,8 @@ def materialize_graph(fn: Callable, args: tuple) -> torch.fx.GraphModule:
             leaves = tuple(_fresh_leaf(a) for a in args)
         stack.enter_context(torch.enable_grad())
         if in_session and parent_fx_tracer is not None:
-            # A constant the branch makes (``torch.tensor(2.0)``) stays in the graph:
-            # it is made anew each time, so it is no closure.
+            # A constant the branch makes (``torch.tensor(2.0)``) stays in the graph.
+            # The branch makes it anew on each run, so it is not a closure.
             gm, lifted = trace_lifting(
                 fn, leaves, parent_fx_tracer, user_stack_traces=False, lift_constants=False
             )

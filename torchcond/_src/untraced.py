@@ -1,10 +1,11 @@
 """Tensors of a torch.func transform that an export trace never recorded.
 
-torch.export traces above the torch.func transforms (a pre-dispatch trace), but torch
-(2.11-2.15) records neither the wrapping of the inputs grad, vjp, jacrev and hessian
-differentiate, nor a tensor made without a tangent under jvp (``full_like``, say).
-Such a tensor enters the graph as a constant, and the exported program ignores its
-inputs, with or without a conditional. A conditional refuses it by name instead.
+torch.export traces above the torch.func transforms (a pre-dispatch trace). Torch
+2.11-2.15 does not record how grad, vjp, jacrev and hessian wrap the inputs they
+differentiate. It also does not record a tensor that jvp makes without a tangent,
+such as the result of ``full_like``. Such a tensor enters the graph as a constant,
+so the exported program ignores its inputs, with or without a conditional. A
+conditional refuses such a tensor by name instead.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from ..errors import UnsupportedCondError
 
 
 def refuse_untraced(what: str, labelled: Iterable[tuple[str, object]], tracer=None) -> None:
-    """Raises if a tensor in ``labelled`` (``(label, value)`` pairs) is a torch.func
-    transform's that the pre-dispatch trace ``tracer`` (default: the active one) never
-    recorded. Nothing to do outside such a trace; ``labelled`` may be a generator,
-    read only inside one."""
+    """Raise if ``tracer`` never recorded a torch.func tensor in ``labelled``.
+
+    ``labelled`` holds ``(label, value)`` pairs. ``tracer`` is a pre-dispatch trace and
+    defaults to the active one. Without such a trace this does nothing and never reads
+    ``labelled``, so ``labelled`` may be a generator."""
     if tracer is None and not _compat.is_dynamo_compiling() and _compat.pre_dispatch_tracing():
         tracer = _compat.pre_dispatch_tracer()
     if tracer is None:
@@ -37,9 +39,10 @@ def refuse_untraced(what: str, labelled: Iterable[tuple[str, object]], tracer=No
 
 
 def refuse_wrapped_in_export(what: str, labelled: Iterable[tuple[str, object]]) -> None:
-    """Under torch.export and a level it does not record (dynamo's pass of a strict
-    export, which records the graph the export then traces): raises, as dynamo passes
-    it on, if a tensor in ``labelled`` is wrapped by a grad or jvp level."""
+    """Raise if a grad or jvp level wraps a tensor in ``labelled`` during export.
+
+    This runs in dynamo's pass of a strict export, under a level that export does not
+    record. Dynamo passes the error on to the caller unchanged."""
     if not _compat.exporting_under_unexported_level():
         return
     for label, t in labelled:
@@ -48,9 +51,9 @@ def refuse_wrapped_in_export(what: str, labelled: Iterable[tuple[str, object]]) 
 
 
 def refuse_unexported_in_dynamo(what: str) -> None:
-    """In dynamo's pass of a strict export, under a level export does not record
-    (``_compat.unexported_level_active``): raises, as eagerly. The path where every
-    branch runs is plain code there, whose tensors dynamo shows without wrappers."""
+    """Raise as the eager call does, in dynamo's pass of a strict export under a level
+    that export does not record (``_compat.unexported_level_active``). Dynamo shows the
+    tensors of the every-branch path without wrappers, so this checks the levels."""
     if _compat.is_dynamo_compiling() and _compat.exporting_under_unexported_level():
         raise_at_compile_time(
             UnsupportedCondError, refusal(what, "an operand under this torch.func transform")
@@ -58,7 +61,7 @@ def refuse_unexported_in_dynamo(what: str) -> None:
 
 
 def refusal(what: str, label: str) -> str:
-    """The message for ``label``, a tensor of a transform the trace never recorded."""
+    """Return the error message for ``label``, a tensor that the trace never recorded."""
     return (
         f"{what}: {label} is a tensor of a torch.func transform that the export "
         "trace does not record, so the exported program would hold it as a "
@@ -70,8 +73,8 @@ def refusal(what: str, label: str) -> str:
 
 
 def labelled_inputs(selector, operands, n_given: int) -> Iterator[tuple[str, object]]:
-    """A conditional's selector and operands, labelled; those after the first
-    ``n_given`` are tensors its branches close over."""
+    """Yield a conditional's selector and operands with labels. The operands after the
+    first ``n_given`` are tensors that its branches close over."""
     yield "the selector", selector
     for i, t in enumerate(operands):
         yield (f"operands leaf {i}" if i < n_given else "a tensor a branch closes over"), t

@@ -1,32 +1,35 @@
-"""Branches that run whether or not they are taken: their writes, undone and selected.
+"""Branches that run whether or not they are taken. Their writes are undone and selected.
 
-``strategy="select"`` and vmap with a per-example selector run every branch, then
-pick each output element on the device. A write a branch makes must then land only
-where the branch is taken, as a Python ``if`` would make it. ``BranchWrites.run``
-runs one branch while a recorder (``torchcond._C.WriteRecorder``, csrc/
-write_recorder.cpp, which owns the rules) classifies every write before it lands:
+``strategy="select"`` and vmap with a per-example selector run every branch. They then
+pick each output element on the device. A write that a branch makes must land only
+where the branch is taken, as under a Python ``if``. ``BranchWrites.run`` runs one
+branch under a recorder (``torchcond._C.WriteRecorder`` in csrc/write_recorder.cpp,
+which owns the rules). The recorder classifies every write before it lands:
 
-* to a tensor the branch made: nothing to do, it is invisible outside;
-* to one operand, within its elements: the operand's old value is saved first; after
-  the branch its new value is taken and the old one put back, so the next branch
-  sees it. The caller selects each written operand's value like an output and writes
-  the selection back. Both are tensor ops, so a trace of the select records them;
-* to anything else (a tensor the branch closes over, a buffer, an operand that shares
-  memory with another or needs a gradient, memory around an operand): refused with
-  ``BranchMutationError``, and nothing of the branch's writes is kept.
+* A write to a tensor that the branch made needs nothing. It is invisible outside.
+* A write to one operand, within its elements, is allowed. The recorder saves the
+  operand's old value first. After the branch, it takes the new value and puts the
+  old one back, so the next branch sees the old value. The caller selects each
+  written operand's value like an output and writes the selection back. Both steps
+  are tensor ops, so a trace of the select records them.
+* A write to anything else raises ``BranchMutationError``, and none of the branch's
+  writes is kept. This covers a tensor that the branch closes over, a buffer, an
+  operand that shares memory with another or needs a gradient, and memory around an
+  operand.
 
-The recorder hears of ops in one of two ways. In plain eager code (the common case,
-also under torch.func transforms) from RecordFunction in C++: a branch that writes
-nothing pays a few hundred nanoseconds per op. RecordFunction cannot stop an op, so a
-refused write lands and is undone from a copy taken just before it (value, layout and
-version counter), and the error is raised when the branch returns. Under a dispatch
-mode (tracing, fake tensors, a user's mode) or with tensor subclass operands, from a
-dispatch mode pushed for the branch, which refuses before the write lands.
+The recorder hears of ops in one of two ways. In plain eager code, RecordFunction in
+C++ reports them. This is the common case, also under torch.func transforms. There a
+branch that writes nothing pays a few hundred nanoseconds per op. RecordFunction
+cannot stop an op, so a refused write lands. The recorder undoes it from a copy taken
+just before it (value, layout and version counter). The error is raised when the
+branch returns. Under a dispatch mode (tracing, fake tensors, a user's mode) or with
+tensor subclass operands, a dispatch mode pushed for the branch reports the ops. That
+mode refuses a write before it lands.
 
-Under dynamo the branch is traced inline and no dispatch mode can be entered
-without a graph break, so nothing is recorded there; instead the select path has
-dynamo speculate the branches as the operator's subgraphs first, and refuse a
-subgraph that writes to anything from outside it (api._select_path).
+Under dynamo the branch is traced inline. No dispatch mode can be entered there
+without a graph break, so nothing is recorded. Instead the select path has dynamo
+speculate the branches as the operator's subgraphs first. It refuses a subgraph that
+writes to anything from outside it (api._select_path).
 """
 
 from __future__ import annotations
@@ -45,21 +48,22 @@ _len_dispatch_stack = _compat.len_dispatch_stack
 _functorch_base = _compat.functorch_base
 _is_dynamo_compiling = _compat.is_dynamo_compiling
 _transforms_active = _compat.transforms_active
-# Whether the recorder's dispatch key is free for it in this process (csrc/
-# write_recorder.cpp); if not, every branch is recorded through _WriteRecorder.
+# Whether the recorder's dispatch key is free for it in this process
+# (csrc/write_recorder.cpp). If not, every branch is recorded through _WriteRecorder.
 _OBSERVE = _C.WriteRecorder.available()
 
 
 @functools.cache
 def _effects(op) -> tuple[bool, bool]:
-    """Whether ``op`` writes to an argument, and whether its outputs are all fresh."""
+    """Return whether ``op`` writes to an argument, and whether all its outputs are fresh."""
     schema = _compat.schema_of(op)
     writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
     fresh = all(r.alias_info is None for r in schema.returns)
     return writes, fresh
 
 
-# Why the recorder refused a write (csrc/write_recorder.cpp, Why), in a message.
+# The message for each reason why the recorder refuses a write (Why in
+# csrc/write_recorder.cpp).
 _WHY = (
     "a tensor from outside it (shape {shape}), whose value cannot be selected per "
     "branch: pass it as an operand",
@@ -76,32 +80,32 @@ _NEEDS_GRAD, _BESIDE_COPY = 2, 4
 
 
 class _CopyWanted(Exception):
-    """A branch's write to operand ``args[0]`` stopped before it landed: the branch
-    runs again writing its own copy (BranchWrites.run_owning)."""
+    """A branch's write to operand ``args[0]`` stopped before it landed. The branch
+    runs again and writes its own copy (BranchWrites.run_owning)."""
 
 
 class BranchWrites:
-    """The writes of one conditional call's branches to its ``operands``, recorded one
-    branch at a time. Call ``run`` on a branch, then ``finish`` (or ``run_all`` for
-    all of them). ``refuse_grad[i]`` says a write to operand ``i`` is refused because
-    it needs a gradient. With ``owning``, branches run with ``run_owning``, and each
-    writes its own copy of an operand."""
+    """Records the writes of one conditional call's branches to its ``operands``, one
+    branch at a time. Call ``run`` on a branch and then ``finish``, or call ``run_all``
+    for all branches. ``refuse_grad[i]`` refuses writes to operand ``i`` because it
+    needs a gradient. With ``owning``, branches run with ``run_owning``, and each
+    branch writes its own copy of an operand."""
 
     def __init__(self, operands: Sequence, refuse_grad: Sequence[bool], owning: bool = False):
         self.label = ""
         self._inputs = operands
         self._needs_grad = list(refuse_grad)
-        # The writes the recorder stops before they land: those to an operand that
-        # needs a gradient and, owning, every write to an operand, so that the branch
-        # can run again on a copy.
+        # The recorder stops some writes before they land. It stops a write to an
+        # operand that needs a gradient. With ``owning``, it stops every write to an
+        # operand, so that the branch can run again on a copy.
         self._refuse = [
             needs or (owning and isinstance(t, _Tensor)) for needs, t in zip(refuse_grad, operands)
         ]
         self._owning = owning
-        # Operands each branch gets a copy of, owning. Under export's pre-dispatch trace
-        # a write is in the graph before the recorder hears of it, so it cannot be
-        # stopped: every branch writes copies from the start, and only the copies it
-        # wrote (their version moved) are new values.
+        # With ``owning``, these are the operands that each branch gets a copy of. Under
+        # export's pre-dispatch trace, a write is in the graph before the recorder hears
+        # of it, so it cannot be stopped. Every branch then writes copies from the
+        # start. Only the copies that it wrote, whose version moved, are new values.
         self._upfront = owning and not _is_dynamo_compiling() and _compat.pre_dispatch_tracing()
         self._copied: list[int] = (
             [i for i, t in enumerate(operands) if isinstance(t, _Tensor) and not refuse_grad[i]]
@@ -109,38 +113,39 @@ class BranchWrites:
             else []
         )
         self._wrote = False
-        self._recorder: _C.WriteRecorder | None = None  # the last branch's, made when one runs
-        # Dynamo records no writes (see above).
+        # The last branch's recorder. It is made when a branch runs.
+        self._recorder: _C.WriteRecorder | None = None
+        # Nothing records writes under dynamo (see the module docstring).
         self._records = not _is_dynamo_compiling()
 
     @property
     def recorder(self) -> _C.WriteRecorder:
-        """The last branch's recorder (once a branch has run)."""
+        """The last branch's recorder. It exists once a branch has run."""
         assert self._recorder is not None, "no branch has run"
         return self._recorder
 
     def _bases(self, operands: Sequence) -> Sequence:
-        """The tensors under the operands' torch.func wrappers (none outside a transform)."""
+        """Return the tensors under the operands' torch.func wrappers, if any."""
         if not _transforms_active() and _C.plain_tensors(operands, True):
             return operands
         return [_functorch_base(t) if isinstance(t, _Tensor) else None for t in operands]
 
     def _observing(self, inputs) -> bool:
-        """Whether the recorder's dispatch key can see this branch's ops (the common
-        case), rather than ``_WriteRecorder``."""
+        """True when the recorder's dispatch key can see this branch's ops. This is the
+        common case. Otherwise ``_WriteRecorder`` reports them."""
         return _OBSERVE and not _len_dispatch_stack() and _C.plain_tensors(inputs, True)
 
     def stand_in(self, t: torch.Tensor) -> None:
-        """``t`` is read in place of a tensor from outside the branch: made in the
-        branch, but a write to it is a write to the outside."""
+        """Mark ``t`` as read in place of a tensor from outside the branch. The branch
+        made ``t``, but a write to it is a write to the outside."""
         if self._recorder is not None:
             self._recorder.mark_outside(t)
 
     def run(self, label: str, branch: Callable, inputs: Sequence, *context) -> tuple:
-        """``tuple(branch(*inputs))`` with its writes recorded, under the context managers
-        ``context``; ``inputs`` are the operands as this branch reads them (stand-ins of
-        the operands, or the operands). Raises ``BranchMutationError`` for a refused
-        write, and after any error leaves the operands as they were."""
+        """Return ``tuple(branch(*inputs))`` with its writes recorded, under the context
+        managers ``context``. ``inputs`` are the operands as this branch reads them,
+        either stand-ins or the operands themselves. Raise ``BranchMutationError`` for a
+        refused write. After any error, the operands are as they were."""
         self.label = label
         if not self._records:
             return _within(context, branch, inputs)
@@ -160,19 +165,19 @@ class BranchWrites:
         except BaseException as error:
             self._undo_and_raise(error)
             raise
-        if self._wrote:  # a plain write's saved value is taken in finish()
+        if self._wrote:  # finish() takes the saved value of a plain write.
             self._undo_and_raise(None)
         return out
 
     def run_owning(
         self, label: str, branch: Callable, inputs: Sequence, context: Callable[[], tuple]
     ) -> tuple[tuple, dict[int, torch.Tensor]]:
-        """``run`` then ``finish``, for a branch whose autograd graph may keep what it
-        writes (a gradient may be taken, now or of a trace).
+        """Call ``run`` then ``finish`` for a branch whose autograd graph may keep what it
+        writes. This happens when a gradient may be taken, now or of a trace.
 
-        The branch writes its own copy of an operand, and the copy's value afterwards
-        is the operand's new value. Putting the old value back in place, as ``run``
-        does, would change a tensor the graph saved. A write to an operand that has no
+        The branch writes its own copy of an operand. The copy's value afterwards is
+        the operand's new value. Putting the old value back in place, as ``run`` does,
+        would change a tensor that the graph saved. A write to an operand that has no
         copy stops before it lands. The branch then runs again with a copy of it, as
         every later branch does. A branch that writes nothing runs once, on the
         operands. ``context()`` gives the context managers for one run."""
@@ -188,14 +193,14 @@ class BranchWrites:
             for i, copy in zip(copied, out[n:]):
                 if not self._upfront or _functorch_base(copy)._version:
                     values[i] = copy
-                else:  # unwritten: an output that is the copy is the operand
+                else:  # Unwritten, so an output that is the copy is the operand.
                     outputs = tuple(inputs[i] if o is copy else o for o in outputs)
             return outputs, values
 
     def run_all(self, labels: Sequence[str], branches: Sequence[Callable], inputs) -> tuple:
-        """``run`` then ``finish`` each branch, all on ``inputs`` and without a context:
-        every branch's outputs, and for each the operands' new values it wrote. Where
-        the recorder observes, one call runs the branches until one writes."""
+        """Run and finish each branch on ``inputs``, without a context. Return every
+        branch's outputs and, for each branch, the new operand values that it wrote.
+        When the recorder observes, one call runs the branches until one writes."""
         if not (self._records and type(inputs) is tuple and self._observing(inputs)):
             done = [self.finish(self.run(label, b, inputs)) for label, b in zip(labels, branches)]
             return [outs for outs, _ in done], [values for _, values in done]
@@ -214,15 +219,16 @@ class BranchWrites:
             if error is not None:
                 self._undo_and_raise(error)
                 raise error
-            # A write to an operand, saved: its value taken, the old one put back.
+            # The recorder saved a write to an operand. finish() takes the new value and
+            # puts the old one back.
             self._wrote = True
             outputs[-1], values[-1] = self.finish(outputs[-1])
         return outputs, values
 
     def _undo_and_raise(self, error: BaseException | None) -> None:
-        """After an ``error`` or a refused write: undo every write of the branch and raise
-        the refusal (from ``error``), or return for the caller to raise ``error``. With
-        neither (a write the recorder saved for finish()), return."""
+        """Undo every write of the branch after an ``error`` or a refused write. Then raise
+        the refusal from ``error``, or return so that the caller raises ``error``. With
+        neither, the recorder saved a write for finish(), so just return."""
         recorder = self.recorder
         refusal = recorder.refusal
         if error is None and refusal is None:
@@ -249,10 +255,10 @@ class BranchWrites:
         return BranchMutationError(message)
 
     def finish(self, outputs: tuple) -> tuple[tuple, dict[int, torch.Tensor]]:
-        """The last branch run's outputs, and the new values of the operands it wrote to
-        (each a copy); the operands then hold their old values again. An output that
-        shares memory with a written operand is copied first (``x.add_(1)`` returns
-        ``x``)."""
+        """Return the last branch's outputs and copies of the new values of the operands
+        it wrote to. The operands then hold their old values again. An output that
+        shares memory with a written operand is copied first, since ``x.add_(1)``
+        returns ``x``."""
         if not self._wrote:
             return outputs, {}
         saved = self.recorder.saved
@@ -268,8 +274,9 @@ class BranchWrites:
 
 
 def _writing_copies(branch: Callable, copied: Sequence[int]) -> Callable:
-    """``branch`` run on a copy of each operand at ``copied``, made while it runs (so its
-    writes to them are its own); it returns its outputs, then the copies."""
+    """Return ``branch`` running on a copy of each operand at ``copied``. The copies are
+    made while it runs, so its writes to them are its own. It returns its outputs and
+    then the copies."""
     if not copied:
         return branch
 
@@ -283,7 +290,7 @@ def _writing_copies(branch: Callable, copied: Sequence[int]) -> Callable:
 
 
 def _within(context, fn, args, result=tuple):
-    """``result(fn(*args))`` under the context managers ``context``."""
+    """Return ``result(fn(*args))`` under the context managers ``context``."""
     if not context:
         return result(fn(*args))
     with context[0]:
@@ -292,7 +299,7 @@ def _within(context, fn, args, result=tuple):
 
 class _WriteRecorder(_compat.TorchDispatchMode):
     """Tells the recorder of every op the branch runs, so that a refused write raises
-    before it lands (BranchWrites.run uses this under other dispatch modes)."""
+    before it lands. BranchWrites.run uses this under other dispatch modes."""
 
     def __init__(self, writes: BranchWrites):
         super().__init__()
@@ -320,10 +327,10 @@ class _WriteRecorder(_compat.TorchDispatchMode):
 
 
 def needs_grad(t: torch.Tensor) -> bool:
-    """A floating tensor autograd or a torch.func transform differentiates."""
+    """True for a floating tensor that autograd or a torch.func transform differentiates."""
     if not (t.dtype.is_floating_point or t.dtype.is_complex):
         return False
-    if _compat.is_dynamo_compiling():  # dynamo sees no functorch wrappers
+    if _compat.is_dynamo_compiling():  # Dynamo sees no functorch wrappers.
         return (
             torch.is_grad_enabled() and t.requires_grad
         ) or _compat.differentiating_transforms_active()
@@ -334,5 +341,5 @@ def needs_grad(t: torch.Tensor) -> bool:
 
 
 def _storage_id(t: torch.Tensor):
-    # Under vmap the branch sees batched wrappers; the storage is the batch's.
+    # Under vmap the branch sees batched wrappers, but the storage is the batch's.
     return _compat.storage_key(_compat.functorch_base(t))
