@@ -441,6 +441,41 @@ def test_select_strategy_refuses_writes_under_compiled_vmap(write):
     torch.testing.assert_close(y, torch.zeros(3, 2))
 
 
+@pytest.mark.parametrize("y_batched", [False, True], ids=["y_shared", "y_batched"])
+@pytest.mark.parametrize("reads", ["operand", "closure"])
+def test_gradient_of_vmap_with_a_shared_predicate_compiles_with_dynamic_shapes(reads, y_batched):
+    # y_shared: the mapped branches' derivative graph takes the batch size from its
+    # inputs, not from the enclosing trace (an internal AssertionError). y_batched, with
+    # rows per example: the branch graphs take their size symbols before the batched
+    # tensors, whose size dynamo cannot ask (a batching rule error).
+    def f(x, y, p):
+        if reads == "operand":
+            return cond(p, lambda x, y: (x.sin(), y), lambda x, y: (x.cos(), y), (x, y))
+        return cond(p, lambda x: (x * y, y), lambda x: (2 * x, y), (x,))
+
+    def python_if(x, y, p):
+        if reads == "operand":
+            return (x.sin(), y) if p else (x.cos(), y)
+        return (x * y, y) if p else (2 * x, y)
+
+    y_dim = 0 if y_batched else None
+
+    def grads(fn):
+        def total(x, y, p):
+            a, b = torch.vmap(fn, in_dims=(0, y_dim, None), out_dims=(0, y_dim))(x, y, p)
+            return a.sum() + b.sum()
+
+        return torch.func.grad(total, argnums=(0, 1))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(grads(f), backend="aot_eager", fullgraph=True, dynamic=True)
+    x, y = (
+        (torch.randn(3, 4), torch.randn(3, 4)) if y_batched else (torch.randn(3), torch.randn(()))
+    )
+    for p in (True, False):
+        torch.testing.assert_close(compiled(x, y, torch.tensor(p)), grads(python_if)(x, y, p))
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_select_strategy_refuses_writes_under_compile(backend):
     """Every branch runs under strategy="select": a write would land even when untaken."""

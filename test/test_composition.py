@@ -526,6 +526,7 @@ FOUND_BY_THE_MATRIX = [
     "compile-inductor|autograd|write|cond|auto",  # the written value read by the backward
     "compile-inductor|autograd|passthrough|switch|auto",  # a donated gradient reused in place
     "compile-inductor|grad|identity|cond|auto",  # a graph value wrapped by the grad level
+    "compile-inductor-dynamic|grad.vmap_shared|passthrough|cond|auto",  # batch size closed over
 ]
 
 # Cases per context in the sample: eager and make_fx on fake tensors run fast and get

@@ -1,29 +1,31 @@
 """Dynamo support for torchcond's operators (torch.compile, strict torch.export).
 
-Dynamo picks a variable class for a higher-order operator by the operator's name,
-from ``torch._dynamo.variables.higher_order_ops._hop_name_to_variable_class``; an
-unknown name is a hard "unsupported HigherOrderOperator". We register a class for
-each of our operators.
+Dynamo picks a variable class for a higher-order operator by the operator's name. It
+looks the name up in ``torch._dynamo.variables.higher_order_ops._hop_name_to_variable_class``.
+An unknown name is a hard "unsupported HigherOrderOperator" error. We register a class
+for each of our operators.
 
-Both operators are ``op(selector, branch_0, ..., branch_n, operands)``, so both
-classes have the methods of ``_ConditionalVariable``: they speculate every branch with
-``speculate_subgraph`` (which lifts closures), give every branch graph the same
-lifted inputs, and emit our operator.
-Dynamo's own ``CondHigherOrderVariable`` is not reused: it emits torch's cond, whose
-fake rule and errors differ from ours.
+Both operators have the form ``op(selector, branch_0, ..., branch_n, operands)``. So
+both classes share the methods of ``_ConditionalVariable``. These methods speculate
+every branch with ``speculate_subgraph``, which lifts closures. They give every branch
+graph the same lifted inputs and emit our operator. We do not reuse dynamo's own
+``CondHigherOrderVariable``. It emits torch's cond, whose fake rule and errors differ
+from ours.
 
-Checked on torch 2.11.0, 2.13.0, 2.14.1 and 2.15.0 (identical internals for
-everything used here). A proposed split of ``higher_order_ops.py`` into a package
-keeps the registry among the globals of ``TorchHigherOrderOperatorVariable.make``,
-which is where it is read.
-``raise_at_compile_time`` hands a torchcond error found while dynamo traces to the
-caller as eager raises it (``torch.compiler.assume_constant_result``, and
-``torch._dynamo.exc.TorchRuntimeError``, which dynamo re-raises unchanged; the same
-on those releases).
-What a branch changes outside itself (a buffer it assigns, Python state) is recorded
-while the branch is speculated and settled when it returns (``_settle``, below).
-Importing dynamo costs most of a second, so nothing here runs until dynamo itself is
-imported (see ``install``).
+Checked on torch 2.11.0, 2.13.0, 2.14.1 and 2.15.0. The internals used here are the
+same on all of them. A proposed split of ``higher_order_ops.py`` into a package keeps
+the registry among the globals of ``TorchHigherOrderOperatorVariable.make``, which is
+where we read it.
+
+``raise_at_compile_time`` passes a torchcond error that dynamo finds while tracing to
+the caller, as eager mode raises it. It relies on
+``torch.compiler.assume_constant_result`` and on ``torch._dynamo.exc.TorchRuntimeError``,
+which dynamo re-raises unchanged. Both behave the same on those releases.
+
+A branch can change things outside itself, such as a buffer it assigns or Python
+state. These changes are recorded while the branch is speculated and settled when it
+returns (see ``_settle``). Importing dynamo takes most of a second, so nothing here
+runs until dynamo itself is imported (see ``install``).
 """
 
 from __future__ import annotations
@@ -44,31 +46,30 @@ _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
 
 
 def raise_at_compile_time(error_type: type[CondError], message: str) -> NoReturn:
-    """Raise ``error_type(message)`` out of dynamo's trace to the caller of the
-    compiled function, as the same call raises it eagerly.
+    """Raise ``error_type(message)`` to the caller of the compiled function, as eager does.
 
-    An exception that traced code raises reaches a ``fullgraph=True`` caller as
-    dynamo's ``Unsupported``. Dynamo calls a function marked
-    ``assume_constant_result`` (as this one is, below) while it traces, and
-    passes a ``TorchRuntimeError`` raised there on unchanged; the error raised is
-    both (``compile_time_error``).
+    An exception raised by traced code reaches a ``fullgraph=True`` caller as dynamo's
+    ``Unsupported``. But dynamo calls a function marked ``assume_constant_result``, as
+    this one is below, while it traces. It passes on a ``TorchRuntimeError`` raised there
+    unchanged. The error raised here is both (see ``compile_time_error``).
     """
     raise compile_time_error(error_type, message)
 
 
-# What torch.compiler.assume_constant_result(raise_at_compile_time) does on 2.11-2.15,
-# which would import dynamo now (most of a second) and fails while dynamo imports.
+# This does what torch.compiler.assume_constant_result(raise_at_compile_time) does on
+# 2.11-2.15. Calling that would import dynamo now, which takes most of a second, and it
+# fails while dynamo is importing.
 raise_at_compile_time._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def tracing_a_subgraph() -> bool:
-    """Under dynamo: whether the code being traced goes into a subgraph of a
-    higher-order operator (a branch dynamo speculates), where a mode pushed, or an
-    object from outside changed, is a side effect dynamo refuses.
+    """Return whether dynamo is tracing code into a subgraph of a higher-order operator.
 
-    Dynamo calls it while it traces, as it calls ``raise_at_compile_time`` (marked
-    below), and puts the answer in place of the call, with no guard. The current
-    tracer's ``parent`` is set for a subgraph's tracer only (2.11-2.15).
+    Such a subgraph is a branch that dynamo speculates. There, dynamo refuses a pushed
+    mode or a change to an outside object as a side effect. This function is marked
+    below, so dynamo calls it while it traces and puts the answer in place of the call,
+    with no guard. The current tracer's ``parent`` is set only for a subgraph's tracer
+    (2.11-2.15).
     """
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -83,8 +84,8 @@ _COMPILE_TIME_ERRORS: dict[type, type] = {}
 
 
 def compile_time_error(error_type: type[CondError], message: str) -> CondError:
-    """``error_type(message)`` that dynamo passes on to the caller unchanged: also a
-    ``TorchRuntimeError``, as torch's own errors found while tracing are."""
+    """Return ``error_type(message)`` in a form that dynamo passes on to the caller unchanged.
+    It is also a ``TorchRuntimeError``, like torch's own errors found while tracing."""
     from torch._dynamo.exc import TorchRuntimeError
 
     both = _COMPILE_TIME_ERRORS.get(error_type)
@@ -101,19 +102,8 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
 def install(kinds: dict, check_outputs, refuse_writes, state_rules, number_rules) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
-    ``kinds`` maps each operator to ``(taken_index, labels, warn_if_exporting)``:
-    ``taken_index(constant_selector, n) -> branch index``, used when dynamo sees a constant
-    selector and inlines that branch (it raises a ``CondError`` for a constant that is
-    no selector), ``labels(n)``, the branches' names in messages, and
-    ``warn_if_exporting(constant_selector)``, the warning that export keeps that branch only.
-    ``check_outputs(per_branch_outputs, labels, out_spec)`` raises, naming the output
-    path, when the speculated branches' outputs cannot be one operator's outputs.
-    ``refuse_writes(written_positions, n_operands, labels)`` raises the ``CondError``
-    for branches that write to their inputs under a transform that differentiates.
-    ``state_rules`` (``_src/state.py``): what a branch may change outside itself, and
-    the errors for what it may not (see ``_settle``).
-    ``number_rules`` (``_src/numbers.py``): a number a branch returns, which
-    ``pytrees.speculated`` makes a ``Carried`` (see ``_number_values``).
+    ``kinds`` maps each operator to ``(taken_index, labels, warn_if_exporting)``. The
+    fields of ``_Operator`` describe these callables and the rules.
     """
     rules = (check_outputs, refuse_writes, state_rules, number_rules)
     when_imported(_HOP_VARIABLES, lambda module: _register(module, kinds, *rules))
@@ -123,12 +113,25 @@ class _Operator(NamedTuple):
     """What dynamo's view of one of our operators needs from torchcond (see ``install``)."""
 
     name: str
+    # ``taken_index(constant_selector, n)`` returns the index of the branch that a
+    # constant selector takes, which dynamo then inlines. It raises a ``CondError`` for
+    # a constant that is not a selector.
     taken_index: Callable
+    # ``labels(n)`` returns the branches' names for messages.
     labels: Callable
+    # ``warn_if_exporting(constant_selector)`` warns that export keeps only that branch.
     warn_if_exporting: Callable
+    # ``check_outputs(per_branch_outputs, labels, out_spec)`` raises when the speculated
+    # branches' outputs cannot be one operator's outputs. Its error names the output path.
     check_outputs: Callable
+    # ``refuse_writes(written_positions, n_operands, labels)`` raises the ``CondError``
+    # for branches that write to their inputs under a transform that differentiates.
     refuse_writes: Callable
+    # The rules of ``_src/state.py``. They say what a branch may change outside itself,
+    # and give the errors for what it may not (see ``_settle``).
     state_rules: Any
+    # The rules of ``_src/numbers.py`` for a number that a branch returns.
+    # ``pytrees.speculated`` makes such a number a ``Carried`` (see ``_number_values``).
     number_rules: Any
 
 
@@ -140,14 +143,12 @@ def _register(hop, kinds: dict, *rules) -> None:
 
 
 def _make_variable_class(hop, spec: _Operator) -> type:
-    """The variable class dynamo makes for the operator ``spec`` describes: the methods
-    of ``_ConditionalVariable`` on dynamo's base class, with ``spec`` as class data.
+    """Return dynamo's variable class for the operator that ``spec`` describes.
 
-    Dynamo's base class checks each subclass as it is made: its ``__init_subclass__``
-    runs ``add_hop_context`` (2.11-2.15), which needs the subclass's ``_HOP_NAME``, the
-    name dynamo's errors give the operator. So no class shared by both operators can
-    derive from dynamo's base: the shared methods are in ``_ConditionalVariable``,
-    and each operator gets its own subclass here.
+    Dynamo's base class runs ``add_hop_context`` on each subclass as it is made
+    (2.11-2.15). That needs the subclass's ``_HOP_NAME``, the operator's name in dynamo's
+    errors. So a class shared by both operators cannot derive from dynamo's base. The
+    shared methods live in ``_ConditionalVariable``, and each operator gets a subclass here.
     """
 
     class TorchcondConditionalVariable(_ConditionalVariable, hop.TorchHigherOrderOperatorVariable):
@@ -159,7 +160,7 @@ def _make_variable_class(hop, spec: _Operator) -> type:
 
 
 class _Call(NamedTuple):
-    """One call of an operator as dynamo sees it, its arguments checked."""
+    """One call of an operator as dynamo sees it, with its arguments checked."""
 
     selector: Any
     branches: list
@@ -174,19 +175,19 @@ class _Branch(NamedTuple):
     """One branch as dynamo speculated it."""
 
     ret_val: Any  # the variables it returns
-    spec: Any  # dynamo's output spec: the treespec, and the constants left out of the graph
+    spec: Any  # dynamo's output spec, with the treespec and the constants left out of the graph
     graph: torch.fx.Graph
-    lifted: dict  # the proxies it reads from outside -> the graph's placeholders for them
+    lifted: dict  # maps each proxy it reads from outside to its placeholder in the graph
     modules: dict  # the modules the graph calls
 
 
 class _ConditionalVariable:
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
-    Every branch is speculated into a subgraph; the subgraphs get the union of all
-    branches' lifted inputs in one order; the node emitted is our operator, so its
-    example value comes from torchcond's own fake rule (merge.py). The branches'
-    outputs are checked first, where their pytree structure is known.
+    Every branch is speculated into a subgraph. All subgraphs get the union of all
+    branches' lifted inputs, in one order. The emitted node is our operator, so its
+    example value comes from torchcond's own fake rule (merge.py). The branches' outputs
+    are checked here first, because here their pytree structure is known.
 
     ``_make_variable_class`` puts these methods on dynamo's base class, once per operator.
     """
@@ -211,18 +212,18 @@ class _ConditionalVariable:
         return self._emit(tx, call, branches)
 
     def _arguments(self, tx, args, kwargs) -> _Call:
-        """The call's arguments, checked: a bad one is refused (dynamo's ``Unsupported``)."""
+        """Return the call's arguments, checked. A bad argument raises dynamo's ``Unsupported``."""
         v = _variables()
         args, kwargs = v.lazy.LazyVariableTracker.realize_all((args, kwargs))
         # ``may_write=False`` is a keyword of this hook, not of the operator (see
-        # api._operator_under_dynamo). It is passed for branches that all run, taken
-        # or not, so that none of them may write outside itself.
+        # api._operator_under_dynamo). The caller passes it when all branches run, taken
+        # or not. Then no branch may write outside itself.
         may_write = kwargs.pop("may_write", v.ConstantVariable.create(True))
-        # ``closures_read_as`` is what a mode that stands in for closed-over tensors
-        # (closures.StandIns) reads them as. The mode could not be entered in the branches.
+        # ``closures_read_as`` is how a mode that stands in for closed-over tensors
+        # (closures.StandIns) reads them. That mode cannot be entered inside the branches.
         read_as = kwargs.pop("closures_read_as", None)
-        # ``speculate_only=True`` checks the branches and emits nothing: api's select
-        # path runs them inline after.
+        # ``speculate_only=True`` checks the branches and emits nothing. api's select
+        # path then runs them inline.
         speculate_only = kwargs.pop("speculate_only", None) is not None
         if kwargs or len(args) < 3 or not may_write.is_python_constant():
             self._refuse("bad arguments", (args, kwargs))
@@ -244,18 +245,18 @@ class _ConditionalVariable:
         return _Call(selector, branches, operand_vts, may_write, read_as, speculate_only, labels)
 
     def _taken_branch(self, tx, call: _Call):
-        """The branch a constant selector takes, inlined."""
+        """Inline the branch that a constant selector takes."""
         constant = call.selector.as_python_constant()
-        with _as_eager_raises():  # a constant that is no selector (None, a string) is refused
+        with _as_eager_raises():  # refuses a non-selector constant, e.g. None
             index = self._op.taken_index(constant, len(call.branches))
         self._op.warn_if_exporting(constant)
         return call.branches[index].call_function(tx, list(call.operands), {})
 
     def _refuse_writes_under_jvp(self, call: _Call, branches: list[_Branch]) -> None:
-        """Refuses branches that write to their inputs under torch.func.jvp (jacfwd,
-        hessian), as the functorch rule does. Made here because AOTAutograd runs that
-        rule inside the forward-AD level of dynamo's graph, and a refusal there leaves
-        the level on (2.11-2.15)."""
+        """Refuse branches that write to their inputs under torch.func.jvp (jacfwd,
+        hessian), as the functorch rule does. The refusal happens here because AOTAutograd
+        runs that rule inside the forward-AD level of dynamo's graph. A refusal there
+        leaves the level on (2.11-2.15)."""
         if not transform_level_active(JVP_TRANSFORM):
             return
         written = sorted({i for b in branches for i in _written_operands(b, call.operands)})
@@ -263,7 +264,7 @@ class _ConditionalVariable:
             self._op.refuse_writes(written, len(call.operands), call.labels)
 
     def _speculate(self, tx, name, branch, operand_vts, may_write: bool) -> _Branch:
-        """One branch traced into a subgraph, what it writes and returns checked."""
+        """Trace one branch into a subgraph, and check what it writes and returns."""
         (ret_val, ret_spec), graph, lifted = self._subgraph(
             tx, name, branch, operand_vts, may_write
         )
@@ -277,14 +278,14 @@ class _ConditionalVariable:
             and _writes_an_input(graph)
         ):
             # Strict export traces dynamo's graph again, and a refusal there would
-            # leave the vmap level on (2.11-2.15): it is made here instead.
+            # leave the vmap level on (2.11-2.15). So the refusal happens here.
             raise _vmapped_write_error(name)
         tx.fake_mode.epoch += 1  # so that branches share no memo of unbacked bindings
         ret_val = self._branch_outputs(graph, ret_val, ret_spec)
         return _Branch(ret_val, ret_spec, graph, lifted, dict(tx.output.nn_modules))
 
     def _subgraph(self, tx, name, branch, operand_vts, may_write: bool):
-        """``speculate_subgraph``'s result for one branch; its errors name the branch."""
+        """Return ``speculate_subgraph``'s result for one branch. Its errors name the branch."""
         from torch._dynamo.exc import Unsupported
 
         hop = _hop()
@@ -299,28 +300,28 @@ class _ConditionalVariable:
                 source_target=self.value,
                 should_flatten_outputs=True,
                 # None outputs leave the graph and come back when the output is
-                # rebuilt, as in eager mode; any other constant is refused later
-                # (_branch_outputs).
+                # rebuilt, as in eager mode. _branch_outputs later refuses the other
+                # constants, except numbers.
                 remove_consts_from_outputs=True,
                 # A write to an input (an operand, a buffer, a lifted tensor) stays
-                # in the branch graph: tracing.py makes it an output and the rule
-                # that records the conditional writes it back. An output that is
-                # (a view of) an input is copied there too.
+                # in the branch graph. tracing.py makes it an output, and the rule
+                # that records the conditional writes it back. An output that is an
+                # input, or a view of one, is also copied there.
                 supports_input_mutation=may_write,
                 supports_aliasing=True,
             )
         except Unsupported as error:  # name the branch dynamo could not trace
             if not may_write and "input mutation" in str(error):
-                # Checked on 2.11-2.15: these are dynamo's words for a write to a
-                # subgraph input.
+                # These are dynamo's words for a write to a subgraph input
+                # (checked on 2.11-2.15).
                 raise _select_write_error(name) from None
             error.msg = f"{name}: {error.msg}"
             error.args = (error.msg, *error.args[1:])
             raise
 
     def _branch_outputs(self, graph, ret_val, ret_spec):
-        """The variables a branch returns, each symbol it returns as a number kept out
-        of its graph; refused unless all are tensors and numbers."""
+        """Return the variables a branch returns. Each symbol it returns as a number is
+        kept out of its graph. Anything other than tensors and numbers is refused."""
         v = _variables()
         numbers = self._op.number_rules.value_positions(_python_treespec(ret_spec))
         ret_val = _symbols_out_of_graph(graph, ret_val, ret_spec, numbers, v)
@@ -332,14 +333,14 @@ class _ConditionalVariable:
         return ret_val
 
     def _check_branch_outputs(self, tx, labels: list[str], branches: list[_Branch]) -> None:
-        """Refuse branches whose outputs cannot be one operator's outputs: outputs of
-        different structures, or outputs ``check_outputs`` refuses, as eager does."""
+        """Refuse branches whose outputs cannot be one operator's outputs, as eager does.
+        This covers outputs of different structures and outputs that ``check_outputs`` refuses."""
         first = branches[0]
         for other in branches[1:]:
             if _different_structures(tx, first.spec, other.spec):
                 specs = [_python_treespec(first.spec), _python_treespec(other.spec)]
-                # A number against a tensor, or against another kind of number, is
-                # refused as eager refuses it.
+                # A number against a tensor, or against another kind of number, gets
+                # eager's error.
                 with _as_eager_raises():
                     self._op.number_rules.check_kinds_in_specs(labels, specs)
                 self._refuse(
@@ -352,8 +353,8 @@ class _ConditionalVariable:
             self._op.check_outputs(outputs, labels, _python_treespec(first.spec))
 
     def _emit(self, tx, call: _Call, branches: list[_Branch]):
-        """Our operator's node in the graph, on the branch graphs installed as
-        attributes, and its outputs as variables."""
+        """Emit our operator's node, with the branch graphs installed as attributes.
+        Return its outputs as variables."""
         hop = _hop()
         shared = self._merge_lifted_inputs(branches, call.operands)
         if call.read_as is not None:
@@ -375,9 +376,10 @@ class _ConditionalVariable:
 
     @staticmethod
     def _merge_lifted_inputs(branches: list[_Branch], operand_vts) -> list:
-        """Every branch graph takes the union of all branches' lifted inputs, in the
-        order make_fx tracing gives (tracing.trace_branches): the operands a branch
-        reads, in their order, then what the branches close over, by first use."""
+        """Give every branch graph the union of all branches' lifted inputs, and return it.
+        The order matches make_fx tracing (tracing.trace_branches). The operands that a
+        branch reads come first, in their order. What the branches close over follows,
+        by first use."""
         union: dict = {}
         for branch in branches:
             for outer in branch.lifted:
@@ -385,7 +387,7 @@ class _ConditionalVariable:
         traced = (_variables().TensorVariable, _variables().SymNodeVariable)
         operand_keys = [_lift_key(vt.as_proxy()) for vt in operand_vts if isinstance(vt, traced)]
         first = {k: union[k] for k in operand_keys if k in union}
-        shared = [*first.values(), *(p for k, p in union.items() if k not in first)]
+        shared = _symbols_first([*first.values(), *(p for k, p in union.items() if k not in first)])
         for branch in branches:
             _take_shared_inputs(branch, shared)
         return shared
@@ -403,9 +405,9 @@ class _ConditionalVariable:
         )
 
 
-# Dynamo's names are looked up when a conditional is traced, not at import: this
-# module is imported before dynamo, and the classes are made while dynamo's package
-# is still being imported.
+# These look up dynamo's names when a conditional is traced, not at import. This module
+# is imported before dynamo, and the classes are made while dynamo's package is still
+# being imported.
 def _variables():
     from torch._dynamo import variables
 
@@ -420,8 +422,8 @@ def _hop():
 
 @contextlib.contextmanager
 def _as_eager_raises():
-    """A ``CondError`` raised in the block reaches the caller as the same call
-    raises it eagerly (``compile_time_error``)."""
+    """Pass a ``CondError`` raised in the block to the caller, as the same call raises it
+    eagerly (see ``compile_time_error``)."""
     try:
         yield
     except CondError as error:
@@ -429,8 +431,8 @@ def _as_eager_raises():
 
 
 def _different_structures(tx, spec, other) -> bool:
-    """Whether two branches' output specs differ in pytree structure, or in where
-    the outputs left out of the graph (constants) are."""
+    """Return whether two branches' output specs differ in pytree structure, or in the
+    positions of the constants left out of the graph."""
     same = _hop()._make_inlined(tx, pytree.TreeSpec.__eq__)(spec.treespec, other.treespec)
     return (
         not same.as_python_constant()
@@ -441,6 +443,16 @@ def _different_structures(tx, spec, other) -> bool:
 def _lift_key(proxy):
     node = proxy.node
     return ("attr", node.target) if node.op == "get_attr" else ("node", node)
+
+
+def _symbols_first(inputs: list) -> list:
+    """Put the symbolic sizes first, as dynamo lifts them. Dynamo's runtime-assert pass
+    binds each size symbol at the first input that has it. A tensor batched by vmap
+    cannot be asked its size there, so the symbol must come before it."""
+    symbolic = [isinstance(p.node.meta.get("example_value"), torch.SymInt) for p in inputs]
+    return [p for p, s in zip(inputs, symbolic) if s] + [
+        p for p, s in zip(inputs, symbolic) if not s
+    ]
 
 
 def _take_shared_inputs(branch: _Branch, shared: list) -> None:
@@ -460,12 +472,12 @@ def _take_shared_inputs(branch: _Branch, shared: list) -> None:
 
 
 def _made_inside(ret_val, graph):
-    """The first branch's outputs that dynamo may re-point at the node's outputs.
+    """Return the first branch's outputs that dynamo may re-point at the node's outputs.
 
-    Dynamo gives the variables a branch returned the node's outputs as their
-    values, so that code after the call sees the conditional's result. A variable
-    the branch returned unchanged (an operand, a tensor it closes over) is the
-    caller's own, and must keep meaning the input: re-pointed, ``x`` after
+    Dynamo sets the node's outputs as the values of the variables a branch returned.
+    Code after the call then sees the conditional's result. A variable that the branch
+    returned unchanged, such as an operand or a tensor it closes over, belongs to the
+    caller. It must keep meaning the input. If it were re-pointed, ``x`` after
     ``cond(p, lambda x: x, g, (x,))`` would be the conditional's output.
     """
     v = _variables()
@@ -492,20 +504,25 @@ def _user_stack_traces(last) -> None:
 # --- what a branch changes outside itself ---------------------------------------------
 #
 # Dynamo refuses a branch's side effect on anything made outside the branch ("HOP:
-# Unsafe side effect") as it sees it. A branch runs as the branch of a conditional:
-# only the taken one's effects may land. A buffer the branch assigns is carried as
-# a write into the buffer (``buffer.copy_(new)``, which the conditional handles like
-# any write to what it closes over); everything else is refused by name, with the
-# rules of ``_src/state.py``. So while a branch is speculated, dynamo's check
-# (``SideEffects.check_allowed_side_effect``) records what the branch changes and
-# lets it happen; when the branch returns, ``_settle`` puts the state back and
-# emits the writes. Checked on torch 2.11, 2.13, 2.14 and 2.15: the check, the
-# ``allow_side_effects_in_hop`` flag of a subgraph tracer (which also stops 2.13 on
-# from deferring a constant's store to a check of its own), ``store_attr_mutations``,
-# ``ConstDictVariable.items`` (keys wrapping a ``.vt``) and ``ListVariable.items``.
-# ``nn.Module.__setattr__`` is traced: a buffer or parameter assigned shows as a
-# change of the module's ``_buffers`` / ``_parameters`` dict; it calls
-# ``inspect.signature``, whose result ``OutputGraph.signature_cache`` keeps.
+# Unsafe side effect") when it sees one. But a branch runs as the branch of a
+# conditional, so only the taken branch's effects may land. A buffer that the branch
+# assigns is carried as a write into the buffer (``buffer.copy_(new)``). The
+# conditional handles that like any write to what it closes over. Everything else is
+# refused by name, with the rules of ``_src/state.py``. So while a branch is
+# speculated, dynamo's check (``SideEffects.check_allowed_side_effect``), wrapped by
+# ``_recording``, records what the branch changes and lets it happen. When the branch
+# returns, ``_settle`` puts the state back and emits the writes.
+#
+# These were checked on torch 2.11, 2.13, 2.14 and 2.15: the check, the
+# ``allow_side_effects_in_hop`` flag of a subgraph tracer, ``store_attr_mutations``,
+# ``ConstDictVariable.items`` (keys wrap a ``.vt``) and ``ListVariable.items``. From
+# 2.13 on, the flag also stops dynamo from deferring a constant's store to a check of
+# its own.
+#
+# Dynamo traces ``nn.Module.__setattr__``. A buffer or parameter that a branch assigns
+# shows as a change to the module's ``_buffers`` or ``_parameters`` dict.
+# ``__setattr__`` calls ``inspect.signature``, whose result ``OutputGraph.signature_cache``
+# keeps.
 
 
 class _Seen:
@@ -555,7 +572,7 @@ def _attribute_mutation(item) -> bool:
 
 
 def _outside(item) -> bool:
-    """``item`` was made outside the branch now being traced (dynamo's own test)."""
+    """Return whether ``item`` was made outside the branch being traced (dynamo's own test)."""
     from torch._dynamo.variables.base import is_side_effect_safe
 
     return item.mutation_type is not None and not is_side_effect_safe(item.mutation_type)
@@ -563,8 +580,8 @@ def _outside(item) -> bool:
 
 @contextlib.contextmanager
 def _recording(tx, effects: _BranchEffects):
-    """While a branch is speculated: its side effects on what it did not make are
-    recorded in ``effects`` and allowed (``_settle`` decides on them)."""
+    """Record in ``effects``, and allow, a speculated branch's side effects on what it
+    did not make. ``_settle`` decides on them when the branch returns."""
     from torch._dynamo.side_effects import SideEffects
 
     previous = SideEffects.__dict__["check_allowed_side_effect"]
@@ -599,9 +616,9 @@ def _select_write_error(name: str):
 
 
 def _refuse_tangentless_in_exported_jvp(name: str, labels, branches) -> None:
-    """Under torch.func.jvp in strict export, where every branch runs
-    (strategy="select"): refuses a branch output without a tangent. torch.export holds
-    such a tensor as a constant (2.11-2.15), so the program would ignore its inputs."""
+    """Refuse a branch output without a tangent under torch.func.jvp in strict export,
+    where every branch runs (strategy="select"). torch.export holds such a tensor as a
+    constant (2.11-2.15), so the program would ignore its inputs."""
     if not (torch.compiler.is_exporting() and transform_level_active(JVP_TRANSFORM)):
         return
     for label, branch in zip(labels, branches):
@@ -630,7 +647,7 @@ def _vmapped_write_error(name: str):
     )
 
 
-# Tensor methods that return a view of self: a write to one is a write to self.
+# Tensor methods that return a view of self. A write to the view is a write to self.
 _VIEW_METHODS = frozenset(
     "view view_as reshape reshape_as __getitem__ t transpose permute unsqueeze squeeze "
     "expand expand_as narrow select as_strided flatten unflatten diagonal movedim "
@@ -642,13 +659,13 @@ _IN_PLACE_DUNDERS = frozenset(f"__{n}__" for n in _IN_PLACE)
 
 
 def _writes_an_input(graph: torch.fx.Graph) -> bool:
-    """Whether a branch graph dynamo traced writes in place to one of its inputs."""
+    """Return whether a branch graph that dynamo traced writes in place to an input."""
     return bool(_written_inputs(graph))
 
 
 def _written_operands(branch: _Branch, operand_vts) -> set[int]:
-    """The positions of the operands ``branch`` writes to; ``len(operand_vts)`` stands
-    for the tensors it closes over."""
+    """Return the positions of the operands that ``branch`` writes to. The position
+    ``len(operand_vts)`` stands for the tensors it closes over."""
     traced = (_variables().TensorVariable, _variables().SymNodeVariable)
     keys = [_lift_key(vt.as_proxy()) if isinstance(vt, traced) else None for vt in operand_vts]
     outer = {inner.node: _lift_key(o) for o, inner in branch.lifted.items()}
@@ -657,8 +674,8 @@ def _written_operands(branch: _Branch, operand_vts) -> set[int]:
 
 
 def _written_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The inputs a branch graph dynamo traced writes in place to, or to a view of:
-    a Tensor method ending in ``_``, an in-place operator, ``out=``."""
+    """Return the inputs that a traced branch graph writes in place, directly or through
+    a view. A write is a Tensor method ending in ``_``, an in-place operator, or ``out=``."""
     aliases = {n: n for n in graph.nodes if n.op == "placeholder"}
     written = set()
     for node in graph.nodes:
@@ -682,7 +699,7 @@ def _written_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 
 def _settling_branch(branch, label: str, may_write: bool, state_rules):
-    """``branch`` as dynamo speculates it, its effects outside it settled on return."""
+    """Wrap ``branch`` so that its effects outside itself are settled when it returns."""
     from torch._dynamo.variables.base import VariableTracker
 
     class SettlingBranch(VariableTracker):
@@ -699,9 +716,9 @@ def _settling_branch(branch, label: str, may_write: bool, state_rules):
 
         def call_function(self, tx, args, kwargs):
             effects = _BranchEffects(tx.output.current_tracer)
-            # Dynamo memoizes inspect.signature's result (an object whose attributes
-            # are side effects of the branch that made it), which the next branch
-            # would read without them: what a branch adds is dropped after it.
+            # Dynamo memoizes inspect.signature's result. Its attributes are side
+            # effects of the branch that made it, and the next branch would read it
+            # without them. So the entries that a branch adds are dropped after it.
             signatures = tx.output.signature_cache
             known = dict(signatures)
             try:
@@ -720,9 +737,8 @@ _REGISTRY_DICTS = ("_buffers", "_parameters", "_modules")
 
 
 def _settle(tx, effects: _BranchEffects, label: str, may_write: bool, state_rules) -> None:
-    """Turn what the branch assigned to buffers into writes into them, put the state
-    it changed back, and refuse the rest (a ``BranchMutationError``, as eager's
-    message, through dynamo)."""
+    """Turn the branch's buffer assignments into writes, and put back the state it
+    changed. Refuse the rest with eager's ``BranchMutationError``, raised through dynamo."""
     try:
         writes = []
         for seen in effects.seen.values():
@@ -745,8 +761,8 @@ def _settle(tx, effects: _BranchEffects, label: str, may_write: bool, state_rule
 
 
 def _registry_changes(seen: _Seen, member: str, label: str, may_write: bool, state_rules):
-    """``(buffer, new value)`` for each buffer the branch assigned, the module's
-    ``member`` dict put back; a parameter or submodule assigned is refused."""
+    """Return ``(buffer, new value)`` for each buffer the branch assigned, and restore the
+    module's ``member`` dict. Refuse an assigned parameter or submodule."""
     owner = _source_text(seen.item.source)
     now = seen.item.items
     writes = []
@@ -774,8 +790,8 @@ def _registry_changes(seen: _Seen, member: str, label: str, may_write: bool, sta
 
 
 def _attribute_changes(tx, seen: _Seen, label: str, state_rules) -> None:
-    """Refuse an attribute the branch set, unless it set it back as it was (a flag a
-    context manager flips and restores)."""
+    """Refuse an attribute the branch set, unless the branch set it back as it was. A
+    flag that a context manager flips and restores is an example."""
     now = tx.output.side_effects.store_attr_mutations.get(seen.item, {})
     for name, value in now.items():
         before = seen.attrs.get(name)
@@ -812,8 +828,8 @@ def _same_items(now, before) -> bool:
 
 
 def _example(vt, python: bool = False):
-    """The fake tensor a tensor variable stands for; with ``python``, the Python value
-    of a constant, or the variable itself for anything else."""
+    """Return the fake tensor that a tensor variable stands for. With ``python``, return a
+    constant's Python value, or an ``_Unnamed`` stand-in for anything else."""
     from torch._dynamo.variables import TensorVariable
 
     if isinstance(vt, TensorVariable):
@@ -846,8 +862,8 @@ def _describe(vt) -> str | None:
 
 
 def _registry(source) -> str | None:
-    """``_buffers``, ``_parameters`` or ``_modules`` where ``source`` is that dict of a
-    module (``self._buffers``, or ``self.__dict__['_buffers']``), else None."""
+    """Return ``_buffers``, ``_parameters`` or ``_modules`` if ``source`` is that dict of a
+    module, else None. Both ``self._buffers`` and ``self.__dict__['_buffers']`` count."""
     member = getattr(source, "member", None)
     if member in _REGISTRY_DICTS:
         return member
@@ -858,9 +874,9 @@ def _registry(source) -> str | None:
 
 
 def _source_text(source) -> str:
-    """``self.log``, ``self.sub.ema``, ``CACHE['k']``: a source as the user wrote it.
-    A module's registry dicts and ``__dict__`` read as the module, whose items are
-    its attributes."""
+    """Return a source as the user wrote it, such as ``self.log`` or ``CACHE['k']``.
+    A module's registry dicts and its ``__dict__`` read as the module, since their items
+    are its attributes."""
     for name in ("local_name", "global_name"):
         if hasattr(source, name):
             return getattr(source, name)
@@ -885,8 +901,8 @@ def _source_text(source) -> str:
 
 
 def _read_closures_as(tx, read_as, shared: list, operand_vts) -> list:
-    """The lifted inputs, each closed-over tensor replaced by ``read_as(tensor)``, which
-    dynamo traces here, outside the branches."""
+    """Return the lifted inputs with each closed-over tensor replaced by
+    ``read_as(tensor)``. Dynamo traces that call here, outside the branches."""
     from torch._dynamo.variables.builder import wrap_fx_proxy
 
     operands = {vt.as_proxy().node for vt in operand_vts if vt.is_tensor()}
@@ -901,9 +917,8 @@ def _read_closures_as(tx, read_as, shared: list, operand_vts) -> list:
 
 
 def _number_values(tx, speculated, number_rules) -> None:
-    """Where each number a branch returns goes back into the output (the first
-    branch's constants, which dynamo puts back), what every branch returned there
-    (``number_rules.dynamo_info``)."""
+    """Record what every branch returns for each number output (``number_rules.dynamo_info``).
+    The record goes into the first branch's constants, which dynamo puts back into the output."""
     first = speculated[0][1]
     numbers = number_rules.value_positions(_python_treespec(first))
     if not numbers:
@@ -918,9 +933,9 @@ def _number_values(tx, speculated, number_rules) -> None:
 
 
 def _made_of(graph, spec, value_at: int, tensor_at: int):
-    """A number a branch returns: its constant, or else (a float, which dynamo will
-    not let a branch return) the constant or the symbol the graph made its 0-d
-    tensor of (``torch.scalar_tensor(value)``, from ``numbers.carried``)."""
+    """Return a number that a branch returns, as its constant if it has one. Dynamo does
+    not let a branch return a float. For a float, return the constant or symbol that the
+    graph made its 0-d tensor from (``torch.scalar_tensor(value)``, ``numbers.carried``)."""
     value = spec.const_values[value_at]
     if value is not None:
         return value
@@ -933,10 +948,10 @@ def _made_of(graph, spec, value_at: int, tensor_at: int):
 
 
 def _symbols_out_of_graph(graph, ret_val, ret_spec, numbers: dict, variables):
-    """``ret_val`` and ``ret_spec``, with each symbol a branch returns as a number
-    taken out of the graph's outputs (``numbers`` holds their positions). Each is kept
-    as a constant, its example value, as dynamo keeps a Python number. The 0-d tensor
-    beside it is what the conditional returns."""
+    """Take each symbol that a branch returns as a number out of the graph's outputs.
+    ``numbers`` holds their positions. ``ret_spec`` keeps each symbol as a constant, its
+    example value, as dynamo keeps a Python number. The 0-d tensor beside it is what the
+    conditional returns. Return ``ret_val`` without the symbols."""
     masks = list(ret_spec.masks_to_filter_const_values or ())
     if not any(not masks[k] for k in numbers):
         return ret_val

@@ -1,17 +1,19 @@
 """Closures made explicit operands before autograd sees a conditional.
 
-A branch may read parameters without receiving them; their gradients need them as
-operands of the conditional. ``lift`` does it before the Autograd key's rule runs.
+A branch may read parameters without receiving them. Their gradients need them as
+operands of the conditional. ``lift`` makes them operands before the Autograd key's
+rule runs.
 
-Inside a make_fx session closures are lifted by tracing (``tracing.trace_branches``).
-With no tracer, as in AOTAutograd's metadata pass over fake tensors, a branch is run
-once while every tensor handed to a torch function is recorded; a tensor the branch
-neither received nor produced, and that requires grad, is a closure autograd must
-see. ``bind`` then makes it an explicit input: the branch runs with each such tensor
-replaced, at every torch function call, by the value passed in its place.
+Inside a make_fx session, tracing lifts the closures (``tracing.trace_branches``).
+Without a tracer, as in AOTAutograd's metadata pass over fake tensors, each branch
+runs once, and every tensor handed to a torch function is recorded. A tensor that
+the branch neither received nor produced, and that requires grad, is a closure that
+autograd must see. ``bind`` then makes it an explicit input. At every torch function
+call, the branch gets the passed-in value in place of each such tensor.
 
-Where every branch runs (strategies.py), a branch's closures are found as it runs:
-under ``StandIns`` it reads, in place of each, a stand-in made at the first read.
+Where every branch runs (strategies.py), a branch's closures are found as it runs.
+Under ``StandIns`` it reads a stand-in in place of each closure, made at the first
+read.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ def lift(kind: ConditionalKind, branches, operands: tuple):
     Returns the branches to hand to the operator and its operands. A branch that
     closes over a parameter needs the parameter's gradient, but the Autograd key sees
     only the operands. Inside a make_fx session the branches are traced now, with
-    closures lifted, and handed on as ``PretracedBranch``s, which the rules below record
-    without tracing again. Closure-free graphs of aten ops are handed on as they are.
-    Without a tracer (fake or meta tensors alone) closures are found by running the
-    branches once and bound as extra inputs (below).
+    closures lifted. They go on as ``PretracedBranch``s, which the rules below record
+    without tracing again. Closure-free graphs of aten ops go on as they are. Without
+    a tracer (fake or meta tensors alone), one run of the branches finds the closures.
+    They are then bound as extra inputs (below).
     """
     tracer = _compat.active_fx_tracer()
     if all(closure_free(b) and (tracer is None or _given_as_is(plain(b))) for b in branches):
@@ -51,9 +53,9 @@ def lift(kind: ConditionalKind, branches, operands: tuple):
         bound = [bind(b, found, len(operands)) for b in branches]
         return bound, operands + tuple(found)
     if _compat.functional_mode() is None and any(_compat.is_cpp_functional(t) for t in operands):
-        # C++ functionalization (torch._to_functional_tensor, as older AOT code uses):
-        # the tracer knows only the tensors inside the wrappers, which the
-        # Functionalize rule unwraps before the proxy rule traces the branches.
+        # C++ functionalization is active (torch._to_functional_tensor, as older AOT
+        # code uses). The tracer knows only the tensors inside the wrappers. The
+        # Functionalize rule unwraps them before the proxy rule traces the branches.
         return branches, operands
     with _compat.below_autograd():
         traced = trace_in_session(tracer, branches, operands, kind.labels(len(branches)))
@@ -68,14 +70,14 @@ def trace_in_session(
     mode=None,
     lift_also: Callable[[object], bool] = tracing.lifts_nothing_else,
 ) -> Traced:
-    """``tracing.trace_branches`` for functions called with autograd's view of the operands.
+    """Run ``tracing.trace_branches`` on functions given autograd's view of the operands.
 
-    The operands it returns are as autograd sees them, lifted closures last. Under
-    functionalization the tracer knows the unwrapped tensors: the functions are
-    traced as the Functionalize rule would trace them (which then passes the graphs
-    on), and what was lifted is mapped back to its functional wrapper. ``mode``: the
-    functionalization mode, where it is not the active one (the Functionalize rule).
-    ``lift_also``: as for ``tracing.trace_branches``.
+    The returned operands are as autograd sees them, with lifted closures last. Under
+    functionalization the tracer knows the unwrapped tensors. So the functions are
+    traced as the Functionalize rule would trace them, and that rule then passes the
+    graphs on. Each lifted value is mapped back to its functional wrapper. ``mode`` is
+    the functionalization mode when it is not the active one (the Functionalize rule).
+    ``lift_also`` works as in ``tracing.trace_branches``.
     """
     mode = mode or _compat.functional_mode()
     if mode is None:
@@ -97,11 +99,11 @@ def trace_in_session(
 def lift_under_transform(kind: ConditionalKind, branches, operands: tuple):
     """``lift`` for a torch.func transform that differentiates the conditional.
 
-    The transform sees only the operands, so a tensor a branch closes over would get
-    no gradient, and derivative graphs traced later would close over it. The
-    branches run once with the transform's levels set aside, and every tensor of a
-    level they read becomes an operand. Inside a make_fx session that run is the
-    branches' trace, whose lifted closures map back to the tensors of the levels.
+    The transform sees only the operands. So a tensor that a branch closes over would
+    get no gradient, and derivative graphs traced later would close over it. The
+    branches run once with the transform's levels set aside. Every tensor of a level
+    that they read becomes an operand. Inside a make_fx session that run is the
+    branches' trace, and its lifted closures map back to the tensors of the levels.
     Returns the branches, the operands, and the positions some branch writes to.
     """
     if all(closure_free(b) for b in branches):
@@ -123,7 +125,7 @@ def lift_under_transform(kind: ConditionalKind, branches, operands: tuple):
                 per_example.outer(v, wrappers.outer) for v in traced.operands[len(operands) :]
             )
             return traced.branches, operands + lifted, traced.written
-        for fn in fns:  # on fake or meta tensors: the selector is not readable
+        for fn in fns:  # on fake or meta tensors, where the selector is not readable
             fn(*inner)
     found = wrappers.outer_values() + per_example.outer_values()
     if not found:
@@ -132,12 +134,13 @@ def lift_under_transform(kind: ConditionalKind, branches, operands: tuple):
 
 
 class _PerExample:
-    """Stand-ins of per-example shape for tensors batched by vmap levels set aside,
-    and the tensors under other levels' wrappers.
+    """Makes stand-ins for tensors of torch.func levels that are set aside.
 
-    With the torch.func levels set aside, a batched tensor acts as the whole batch;
-    a branch run on stand-ins is the per-example function the levels map over.
-    Called as ``StandIns``' ``stand_in`` for what a branch closes over.
+    A tensor batched by a vmap level gets a stand-in of per-example shape. A tensor
+    under another level's wrapper is read as what it wraps. With the levels set aside,
+    a batched tensor acts as the whole batch. A branch run on stand-ins is the
+    per-example function that the levels map over. ``StandIns`` calls this object as
+    its ``stand_in`` for what a branch closes over.
     """
 
     def __init__(self, fake_mode):
@@ -145,7 +148,7 @@ class _PerExample:
         self._closures: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def operand(self, value):
-        """An operand as a branch traced with the levels set aside receives it."""
+        """Return an operand as a branch traced with the levels set aside receives it."""
         if not isinstance(value, torch.Tensor):
             return value
         if _compat.is_vmapped(value):
@@ -156,8 +159,9 @@ class _PerExample:
         if _compat.is_vmapped(value):
             stand_in = self._fresh(value)
         elif _compat.is_functorch_wrapped(value):
-            # A grad or jvp level's wrapper is read as what it wraps: a level a branch
-            # enters (a vmap it maps over, below) may take a level number set aside.
+            # A grad or jvp level's wrapper is read as what it wraps. A level that a
+            # branch enters (a vmap it maps over, below) may reuse a level number that
+            # was set aside.
             stand_in = _compat.functorch_base(value)
         else:
             return value
@@ -172,20 +176,22 @@ class _PerExample:
         return any(stand_in is value for _, stand_in in self._closures)
 
     def outer(self, value, otherwise: Callable):
-        """The tensor a stand-in stands for; ``otherwise(value)`` for anything else."""
+        """Return the tensor a stand-in stands for, or ``otherwise(value)`` for others."""
         for batched, stand_in in self._closures:
             if stand_in is value:
                 return batched
         return otherwise(value)
 
     def outer_values(self) -> tuple:
-        """The batched tensors the branches closed over, in order of first read."""
+        """Return the batched tensors the branches closed over, in order of first read."""
         return tuple(batched for batched, _ in self._closures)
 
 
 def _given_as_is(branch) -> bool:
-    """A graph the rules below may trace, rather than this session now: one of aten
-    ops that writes to none of its inputs (whose new values autograd must see)."""
+    """Return whether the rules below may trace ``branch`` instead of this session.
+
+    That holds for a graph of aten ops that writes to none of its inputs. Autograd
+    must see the new values of written inputs."""
     return (
         isinstance(branch, torch.fx.GraphModule)
         and _aten_level(branch)
@@ -194,10 +200,11 @@ def _given_as_is(branch) -> bool:
 
 
 def _aten_level(gm: torch.fx.GraphModule) -> bool:
-    """Calls only operators (aten, HOPs) and Python's builtins, as a make_fx graph does.
+    """Return whether ``gm`` calls only operators (aten, HOPs) and Python's builtins.
 
-    Dynamo's branch graphs call torch-level functions (``F.dropout``); traced here,
-    the autograd rule sees the ops they run (draws.py needs their random ops).
+    A make_fx graph does so. Dynamo's branch graphs call torch-level functions
+    (``F.dropout``). Traced here, they show the autograd rule the ops they run, and
+    draws.py needs their random ops.
     """
     return all(
         isinstance(n.target, (_compat.OpOverload, _compat.HigherOrderOperator))
@@ -212,7 +219,7 @@ _BUILTIN_MODULES = frozenset({"_operator", "operator", "builtins", "math"})
 
 
 def _recording(branch, *modes):
-    """``branch`` run under ``modes``, the last one innermost (the first to see a call)."""
+    """Wrap ``branch`` to run under ``modes``. The last mode is innermost and sees calls first."""
 
     def run(*args):
         with contextlib.ExitStack() as stack:
@@ -224,18 +231,21 @@ def _recording(branch, *modes):
 
 
 class Mapped:
-    """``branch`` mapped over a batch of ``batch_size`` examples, as ``torch.vmap`` maps
-    it, batch dimension first on every output.
+    """``branch`` mapped over a batch of ``batch_size`` examples, as ``torch.vmap`` maps it.
 
-    The operator's vmap rule calls it below the vmap ``level`` it maps, where tensors
-    batched at ``level`` have no active level. A tensor of that level that ``branch``
-    closes over is read batched at the new level instead, so the function closes over
-    nothing that is not readable below ``level``: its batch's own tensor, which a trace
-    lifts as any other closure. Unlike ``torch.vmap``, no operand need be batched.
+    Every output has the batch dimension first. The operator's vmap rule calls it below
+    the vmap ``level`` it maps, where tensors batched at ``level`` have no active
+    level. So a tensor of that level that ``branch`` closes over is read batched at
+    the new level instead. The function then closes over nothing that is unreadable
+    below ``level``. It reads its batch's own tensor, which a trace lifts as any other
+    closure. Unlike ``torch.vmap``, no operand needs to be batched.
 
-    ``report(sources)``, after each run: for every output, ``int`` i for the i-th
-    argument returned unchanged, a tensor ``branch`` closes over returned unchanged,
-    ``UNBATCHED`` for another value that is the same for every example, or None.
+    After each run, ``report(sources)`` gets one entry per output:
+
+    * ``int`` i for the i-th argument returned unchanged;
+    * a tensor that ``branch`` closes over, returned unchanged;
+    * ``UNBATCHED`` for another value that is the same for every example;
+    * None otherwise.
     """
 
     def __init__(
@@ -257,7 +267,12 @@ class Mapped:
         self.__name__ = "mapped"
 
     def __call__(self, *args):
-        with _compat.vmap_level(self._batch_size, self._randomness) as new:
+        # A batched argument's own size, where there is one. A trace of this call (a
+        # derivative graph) then reads the size from its inputs, not from outside.
+        size = next(
+            (a.size(d) for a, d in zip(args, self._in_dims) if d is not None), self._batch_size
+        )
+        with _compat.vmap_level(size, self._randomness) as new:
             batched = tuple(
                 a if d is None else _compat.batch(a, d, new) for a, d in zip(args, self._in_dims)
             )
@@ -271,17 +286,17 @@ class Mapped:
                 read.append((t, stand_in))
                 return stand_in
 
-            # A graph reads nothing but its inputs: no closure to read batched.
+            # A closure-free graph reads only its inputs, so no closure needs rebatching.
             free = closure_free(self.branch)
             with contextlib.nullcontext() if free else StandIns(batched, rebatched):
                 outs = tuple(self._run(*batched))
             if self._report is not None:
                 self._report(tuple(_source(o, batched, read, new) for o in outs))
-            return tuple(_compat.remove_batch_dim(o, new, self._batch_size, 0) for o in outs)
+            return tuple(_compat.remove_batch_dim(o, new, size, 0) for o in outs)
 
 
 def _batched(t: torch.Tensor, dim: int, level: int) -> torch.Tensor:
-    """``t`` batched along ``dim`` at vmap ``level``: a torch function, so that the
+    """Batch ``t`` along ``dim`` at vmap ``level``. This is a torch function, so the
     modes a ``Mapped`` branch runs under (``lift_under_transform``'s) see ``t`` read."""
     if torch.overrides.has_torch_function((t,)):
         return torch.overrides.handle_torch_function(_batched, (t,), t, dim, level)
@@ -293,7 +308,7 @@ UNBATCHED = "unbatched"
 
 
 def _source(out, args: tuple, read: list, level: int):
-    """What ``out`` is (see ``Mapped``)."""
+    """Return what ``out`` is, in the terms of ``Mapped``'s report."""
     for i, a in enumerate(args):
         if out is a:
             return i
@@ -304,8 +319,9 @@ def _source(out, args: tuple, read: list, level: int):
 
 
 def closure_free(branch) -> bool:
-    """A GraphModule that reads nothing but its placeholders (and nested branch graphs),
-    or such a function mapped by vmap."""
+    """Return whether ``branch`` reads nothing but its inputs and nested branch graphs.
+
+    That holds for such a GraphModule, or for such a function mapped by vmap."""
     if isinstance(branch, Mapped):
         return closure_free(branch.branch)
     if isinstance(branch, PretracedBranch):
@@ -336,7 +352,7 @@ class _Recorder(torch.overrides.TorchFunctionMode):
 
 
 def grad_closures(branches: Sequence[Callable], operands: tuple) -> list[torch.Tensor]:
-    """Tensors that some branch reads without receiving them, and that require grad."""
+    """Return the tensors that some branch reads without receiving, and that require grad."""
     recorder = _Recorder()
     with torch.no_grad(), recorder:
         for branch in branches:
@@ -359,7 +375,7 @@ class _Substitute(torch.overrides.TorchFunctionMode):
 
 
 def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) -> Callable:
-    """``branch`` taking ``(*operands, *closure_values)``."""
+    """Wrap ``branch`` to take ``(*operands, *closure_values)``."""
 
     def bound(*args):
         values = args[n_operands:]
@@ -371,13 +387,13 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
 
 class StandIns(torch.overrides.TorchFunctionMode):
     """While active, a branch reads ``stand_in(t)`` in place of each tensor ``t`` it
-    closes over, made at the first read; ``stand_in`` may return ``t`` itself.
+    closes over. The stand-in is made at the first read. ``stand_in`` may return ``t``.
 
     A tensor is closed over when it is neither ``given`` (the branch's inputs) nor
-    made under this mode. The branches of a conditional called under it run under it
-    too, so what they close over is replaced as well. ``read_as``: pairs ``(t, u)``
-    of a tensor the branch reads as ``u``, one of ``given`` (an operand as the caller
-    holds it, and as the branch receives it).
+    made under this mode. The branches of a conditional called under it also run under
+    it, so what they close over is replaced too. ``read_as`` holds pairs ``(t, u)``.
+    The branch reads ``t`` as ``u``, one of ``given``. ``t`` is an operand as the caller
+    holds it, and ``u`` is the operand as the branch receives it.
     """
 
     def __init__(
@@ -401,15 +417,15 @@ class StandIns(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", None) == "__get__":
-            # A property (requires_grad, _version) reads no value. Checks that run
-            # inside the branch read them from tensors that are not its own, such as
+            # A property (requires_grad, _version) reads no value. Checks inside the
+            # branch read such properties from tensors that are not its own, such as
             # an operand under its torch.func wrappers.
             return func(*args, **(kwargs or {}))
         args, kwargs = pytree.tree_map_only(torch.Tensor, self._swap, (args, kwargs or {}))
         if is_conditional_op(func) and _compat.is_dynamo_compiling():
-            # Dynamo refuses a mode entered, or changing its state, inside the branches
-            # it speculates: it reads what they close over through ``_swap`` once they
-            # are traced (_compat/dynamo.py).
+            # Dynamo refuses a mode that is entered, or that changes its state, inside
+            # the branches it speculates. Instead, dynamo reads what they close over
+            # through ``_swap`` once they are traced (_compat/dynamo.py).
             with _compat.torch_function_disabled():
                 out = func(*args, closures_read_as=self._swap, **kwargs)
         else:
@@ -428,7 +444,8 @@ class StandIns(torch.overrides.TorchFunctionMode):
             return swapped
         if self._own(value):
             return value
-        # A torch.func level's wrapper of what the branch owns (dynamo shows none).
+        # A torch.func level's wrapper of a tensor the branch owns is also its own.
+        # Dynamo shows no such wrappers.
         if not _compat.is_dynamo_compiling() and self._own(_compat.functorch_base(value)):
             return value
         stand_in = self.stand_in(value)
@@ -445,8 +462,8 @@ class StandIns(torch.overrides.TorchFunctionMode):
             return branch
 
         def run(*args):
-            # What the branch receives are the conditional's operands, read as this
-            # mode says already: its own inputs, not tensors it closes over.
+            # The branch receives the conditional's operands, which this mode has
+            # already swapped. They are its own inputs, not tensors it closes over.
             for arg in args:
                 if isinstance(arg, torch.Tensor):
                     self.kept.put(arg, arg)
@@ -457,10 +474,12 @@ class StandIns(torch.overrides.TorchFunctionMode):
 
 
 class _ByIdentity:
-    """Values keyed by tensors' identity: by ``id`` eagerly (holding the key, so its id
-    stays its own; or, ``weak``, dropping an entry when its key is freed, the value
-    being the key itself); by ``is`` under dynamo, which cannot take the id of a tensor
-    made in the trace on every release (2.11) and traces no weakref."""
+    """A map keyed by tensor identity.
+
+    Eagerly it keys by ``id``. It holds the key, so the id stays unique. With ``weak``,
+    the value is the key itself, and an entry goes when its key is freed. Under dynamo
+    it compares with ``is``. Dynamo cannot take the id of a tensor made in the trace on
+    every release (2.11), and it traces no weakref."""
 
     def __init__(self, weak: bool = False):
         self.listed = _compat.is_dynamo_compiling()
@@ -471,7 +490,7 @@ class _ByIdentity:
         )
 
     def get(self, key: torch.Tensor):
-        if self.listed:  # newest first: a branch mostly reads what it just made
+        if self.listed:  # newest first, since a branch mostly reads what it just made
             for k, value in reversed(self.pairs):
                 if k is key:
                     return value
@@ -489,12 +508,11 @@ class _ByIdentity:
 
 
 class Wrappers(torch.overrides.TorchFunctionMode):
-    """Records every wrapper tensor passed to a torch function, by what it wraps.
+    """Records every wrapper tensor passed to a torch function, keyed by what it wraps.
 
-    The tracer knows unwrapped tensors; autograd or a torch.func transform knows
-    their wrappers. ``inner_of(value)`` is what ``value`` wraps, or None for a tensor
-    that is no such wrapper. A closure lifted from the trace is mapped back with
-    ``outer``.
+    The tracer knows unwrapped tensors, while autograd or a torch.func transform knows
+    their wrappers. ``inner_of(value)`` returns what ``value`` wraps, or None if it is
+    no such wrapper. ``outer`` maps a closure lifted from the trace back to its wrapper.
     """
 
     def __init__(self, inner_of: Callable):
@@ -510,7 +528,7 @@ class Wrappers(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
     def outer_values(self) -> tuple:
-        """Every wrapper recorded, in order of first use."""
+        """Return every recorded wrapper, in order of first use."""
         return tuple(outer for _, outer in self._by_inner.values())
 
     def outer(self, value):
