@@ -12,8 +12,10 @@ differs between them:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -21,56 +23,38 @@ from .. import _compat
 from ..errors import CondArgumentError
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class ConditionalKind:
-    """What differs between the two operators. ``_CondKind`` and ``_SwitchKind`` implement it.
+    """What differs between the two operators, as a table: ``cond_kind`` and
+    ``switch_kind`` fill it in.
 
-    A method's selector is the user's argument (``normalize``), the operator's selector
+    A selector here is the user's argument (``normalize``), the operator's selector
     (``taken_index``, ``branch_indices``), or a concrete value read on the host.
     """
 
+    op: Any  # the higher-order operator
     name: str  # the public function's name in messages
     selector_arg: str  # its selector argument's name
     symbolic_kind: str  # for a warning, the selector that keeps every branch in an export
     selector_dtype: torch.dtype  # dtype of a selector tensor made from a symbolic one
-
-    def __init__(self, op):
-        self.op = op
-
-    def labels(self, n: int) -> list[str]:
-        """Return the branches' names for messages."""
-        raise NotImplementedError
-
-    def check_branches(self, branches) -> list:
-        """Check the branches (``CondArgumentError``) and return them as a list."""
-        raise NotImplementedError
-
-    def graph_names(self, root: torch.nn.Module, n: int) -> list[str]:
-        """Return free attribute names on ``root`` for one node's branch graphs."""
-        raise NotImplementedError
-
-    def is_constant(self, value) -> bool:
-        """Whether ``value`` is a Python constant that picks a branch by itself."""
-        raise NotImplementedError
-
-    def taken_index(self, selector, n: int) -> int:
-        """Return the branch that a concrete selector (a Python number or a real tensor) takes."""
-        raise NotImplementedError
-
-    def branch_indices(self, selector: torch.Tensor, n: int) -> torch.Tensor:
-        """Return the int64 branch index for each element of ``selector``, on its device."""
-        raise NotImplementedError
-
-    def check_tensor(self, selector: torch.Tensor) -> None:
-        """Raise ``CondArgumentError`` unless ``selector`` is a valid selector tensor."""
-        raise NotImplementedError
-
-    def tensor_selector(self, selector: torch.Tensor, n: int) -> torch.Tensor:
-        """Return a checked selector tensor in the operator's form (0-d, clamped for switch)."""
-        raise NotImplementedError
-
-    def normalize(self, selector, n: int):
-        """Check a symbolic or tensor selector and return it in the operator's form."""
-        raise NotImplementedError
+    # The branches' names for messages, given their number.
+    labels: Callable[[int], list[str]]
+    # Check the branches (CondArgumentError) and return them as a list.
+    check_branches: Callable[[Any], list]
+    # Free attribute names on a root module for one node's n branch graphs.
+    graph_names: Callable[[torch.nn.Module, int], list[str]]
+    # Whether a value is a Python constant that picks a branch by itself.
+    is_constant: Callable[[Any], bool]
+    # The branch that a concrete selector (a Python number or a real tensor) takes.
+    taken_index: Callable[[Any, int], int]
+    # The int64 branch index for each element of a selector tensor, on its device.
+    branch_indices: Callable[[torch.Tensor, int], torch.Tensor]
+    # Raise CondArgumentError unless the tensor is a valid selector.
+    check_tensor: Callable[[torch.Tensor], None]
+    # A checked selector tensor in the operator's form (0-d, clamped for switch).
+    tensor_selector: Callable[[torch.Tensor, int], torch.Tensor]
+    # A checked symbolic or tensor selector in the operator's form.
+    normalize: Callable[[Any, int], Any]
 
     def constant_taken_index(self, value, n: int) -> int:
         """Return the branch a Python constant takes, or raise ``CondArgumentError``."""
@@ -103,89 +87,67 @@ class ConditionalKind:
             return self.op(*pack(selector, branches, operands))
 
 
-class _CondKind(ConditionalKind):
-    name, selector_arg, symbolic_kind = "cond", "pred", "a tensor or a SymBool"
-    selector_dtype = torch.bool
-
-    def labels(self, n):
-        return ["true_fn", "false_fn"]
-
-    def check_branches(self, branches):
-        check_callables(branches, self.labels(2))
-        return list(branches)
-
-    def graph_names(self, root, n):
-        """Return ``true_graph_i`` and ``false_graph_i`` for the first ``i`` free for both."""
-        i = 0
-        while hasattr(root, f"true_graph_{i}") or hasattr(root, f"false_graph_{i}"):
-            i += 1
-        return [f"true_graph_{i}", f"false_graph_{i}"]
-
-    def is_constant(self, value):
-        return isinstance(value, (bool, int, float))
-
-    def taken_index(self, pred, n):
-        return 0 if pred else 1
-
-    def branch_indices(self, pred, n):
-        """True takes branch 0 (``true_fn``), false branch 1."""
-        return (pred == 0).to(torch.int64)
-
-    def check_tensor(self, pred):
-        check_pred_tensor(pred)
-
-    def tensor_selector(self, pred, n):
-        return _bool_scalar(pred)
-
-    def normalize(self, pred, n):
-        return normalize_pred(pred)
-
-
-class _SwitchKind(ConditionalKind):
-    name, selector_arg, symbolic_kind = "switch", "index", "a tensor or a SymInt"
-    selector_dtype = torch.int64
-
-    def labels(self, n):
-        return switch_labels(n)
-
-    def check_branches(self, branches):
-        return check_branch_list(branches)
-
-    def graph_names(self, root, n):
-        """Return ``branch_graph_i`` for the first ``n`` free values of ``i``."""
-        names, i = [], 0
-        for _ in range(n):
-            while hasattr(root, f"branch_graph_{i}"):
-                i += 1
-            names.append(f"branch_graph_{i}")
-            i += 1
-        return names
-
-    def is_constant(self, value):
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    def taken_index(self, index, n):
-        return clamp_index(host_index(index), n)
-
-    def branch_indices(self, index, n):
-        return clamped_switch_indices(index, n)
-
-    def check_tensor(self, index):
-        check_index_tensor(index)
-
-    def tensor_selector(self, index, n):
-        return clamped_switch_indices(index.reshape(()), n)
-
-    def normalize(self, index, n):
-        return normalize_index(index, n)
-
-
 def cond_kind(op) -> ConditionalKind:
-    return _CondKind(op)
+    return ConditionalKind(
+        op,
+        "cond",
+        "pred",
+        "a tensor or a SymBool",
+        torch.bool,
+        labels=lambda n: ["true_fn", "false_fn"],
+        check_branches=_check_cond_branches,
+        graph_names=_cond_graph_names,
+        is_constant=lambda value: isinstance(value, (bool, int, float)),
+        taken_index=lambda pred, n: 0 if pred else 1,
+        # True takes branch 0 (true_fn), false branch 1.
+        branch_indices=lambda pred, n: (pred == 0).to(torch.int64),
+        check_tensor=check_pred_tensor,
+        tensor_selector=lambda pred, n: _bool_scalar(pred),
+        normalize=lambda pred, n: normalize_pred(pred),
+    )
 
 
 def switch_kind(op) -> ConditionalKind:
-    return _SwitchKind(op)
+    return ConditionalKind(
+        op,
+        "switch",
+        "index",
+        "a tensor or a SymInt",
+        torch.int64,
+        labels=switch_labels,
+        check_branches=check_branch_list,
+        graph_names=_switch_graph_names,
+        is_constant=lambda value: isinstance(value, int) and not isinstance(value, bool),
+        taken_index=lambda index, n: clamp_index(host_index(index), n),
+        branch_indices=lambda index, n: clamped_switch_indices(index, n),
+        check_tensor=check_index_tensor,
+        tensor_selector=lambda index, n: clamped_switch_indices(index.reshape(()), n),
+        normalize=lambda index, n: normalize_index(index, n),
+    )
+
+
+def _check_cond_branches(branches) -> list:
+    check_callables(branches, ["true_fn", "false_fn"])
+    return list(branches)
+
+
+def _cond_graph_names(root: torch.nn.Module, n: int) -> list[str]:
+    """Return ``true_graph_i`` and ``false_graph_i`` for the first ``i`` free for both."""
+    i = 0
+    while hasattr(root, f"true_graph_{i}") or hasattr(root, f"false_graph_{i}"):
+        i += 1
+    return [f"true_graph_{i}", f"false_graph_{i}"]
+
+
+def _switch_graph_names(root: torch.nn.Module, n: int) -> list[str]:
+    """Return ``branch_graph_i`` for the first ``n`` free values of ``i``."""
+    names, i = [], 0
+    for _ in range(n):
+        while hasattr(root, f"branch_graph_{i}"):
+            i += 1
+        names.append(f"branch_graph_{i}")
+        i += 1
+    return names
 
 
 # --- selectors ------------------------------------------------------------------------
