@@ -222,6 +222,20 @@ def number(c, x, y, s):
     return c(s, [lambda x: (x.sin(), 2), lambda x: (x.cos(), 2), lambda x: (2 * x, 5)], (x,))
 
 
+def rows(c, x, y, s):
+    # A dimension per example (symbolic under dynamic shapes), and y both an operand
+    # and reduced across it.
+    return c(
+        s,
+        [
+            lambda x, y: (x * y).sin(),
+            lambda x, y: x.cos() + y.sum(),
+            lambda x, y: x.tanh() * y.mean(),
+        ],
+        (x, y),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
     program: Callable
@@ -259,6 +273,7 @@ KINDS = {
     "unbacked": Kind(unbacked),
     "closure_view": Kind(closure_view, wrt=(0, 1), x_shape=(2, 2, 4), y_shape=(4, 4)),
     "number": Kind(number),
+    "rows": Kind(rows, wrt=(0, 1), y_batched=True, x_shape=(4,), y_shape=(4,)),
 }
 
 
@@ -547,7 +562,7 @@ SAMPLE_SIZE = {
 
 # Kinds added after the sample was first drawn: each gets its own cases per context
 # from a generator of its own, so the cases drawn for the other kinds stay the same.
-LATER_KINDS = ["number"]
+LATER_KINDS = ["number", "rows"]
 
 
 def sample(seed: int = 26) -> list[Case]:
