@@ -232,7 +232,7 @@ def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands
         # The Autograd rule traced them functionalized in this session. Record them as is.
         written, branches = pending_writes(branches)
     elif mode is not None and tracer is not None:
-        operands, written, branches = _traced_functionalized(
+        operands, written, branches = _trace_functionalized(
             tracer, mode, branches, operands, labels
         )
     elif mode is not None and not host_readable(selector):
@@ -253,7 +253,7 @@ def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands
     return ctx.wrap_tensors(out)
 
 
-def _traced_functionalized(tracer, mode, branches, operands, labels):
+def _trace_functionalized(tracer, mode, branches, operands, labels):
     """Trace the branches functionalized in the current session.
 
     Returns the operands with the closures lifted, the written positions, and the graphs

@@ -188,7 +188,7 @@ def functionalized_writing_back(fn: Callable, mode, label: str) -> Callable:
     """
 
     def run(*args):
-        out, written = run_functionalized(fn, mode, label, args)
+        out, written = run_collecting_writes(fn, mode, label, args)
         for i, value in written:
             args[i].copy_(value)
         return out
@@ -196,7 +196,7 @@ def functionalized_writing_back(fn: Callable, mode, label: str) -> Callable:
     return run
 
 
-def run_functionalized(fn: Callable, mode, label: str, args: tuple):
+def run_collecting_writes(fn: Callable, mode, label: str, args: tuple):
     """Run ``fn(*args)`` functionalized by ``mode``, leaving the inputs unchanged.
 
     Returns the outputs and ``(position, new value)`` for each input written, all as
@@ -238,7 +238,7 @@ def writes_of(fns: Sequence[Callable], mode, labels: Sequence[str], args: tuple)
     Each function runs functionalized by ``mode``, so nothing is written."""
     written: set[int] = set()
     for fn, label in zip(fns, labels):
-        written.update(i for i, _ in run_functionalized(fn, mode, label, args)[1])
+        written.update(i for i, _ in run_collecting_writes(fn, mode, label, args)[1])
     return tuple(sorted(written))
 
 
@@ -249,7 +249,7 @@ def returning_writes(fn: Callable, mode, label: str, written: Sequence[int]) -> 
     that ``fn`` leaves alone keeps its old value."""
 
     def run(*args):
-        out, new = run_functionalized(fn, mode, label, args)
+        out, new = run_collecting_writes(fn, mode, label, args)
         new_values = dict(new)
         return (*out, *(new_values.get(i, args[i]) for i in written))
 
