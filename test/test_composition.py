@@ -907,20 +907,24 @@ def unused_gradients_differ(case: Case, got: list, calls) -> str | None:
 # with the select written by hand. A case of that context, transform and kind cannot
 # run in the test's process. check() first runs the program in a subprocess, and
 # skips the case only while torch still crashes on it.
-TORCH_CRASHES = {
-    # torch 2.11 and 2.13 (fixed in 2.14): Inductor writes a zero tangent into an
-    # _efficientzerotensor, which has no storage.
-    ("compile-inductor", "jvp.jvp", "closure_nodiff"): """
+# torch 2.11 and 2.13 (fixed in 2.14): Inductor writes a zero tangent into an
+# _efficientzerotensor, which has no storage. With or without dynamic shapes.
+_JVP_OF_JVP_OF_WHERE = """
 import torch
 torch._dynamo.config.capture_dynamic_output_shape_ops = True
 def g(x, y, s):
     f = lambda x: torch.where(s, x * y, 2 * x)
     inner = lambda x: torch.func.jvp(f, (x,), (torch.ones_like(x),))
     return torch.func.jvp(inner, (x,), (torch.ones_like(x),))
-compiled = torch.compile(g, fullgraph=True)
+compiled = torch.compile(g, fullgraph=True{dynamic})
 for taken in (True, False):
     compiled(torch.tensor(0.5), torch.tensor(1.5), torch.tensor(taken))
-""",
+"""
+TORCH_CRASHES = {
+    ("compile-inductor", "jvp.jvp", "closure_nodiff"): _JVP_OF_JVP_OF_WHERE.format(dynamic=""),
+    ("compile-inductor-dynamic", "jvp.jvp", "closure_nodiff"): _JVP_OF_JVP_OF_WHERE.format(
+        dynamic=", dynamic=True"
+    ),
 }
 
 
