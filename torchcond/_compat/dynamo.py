@@ -377,9 +377,8 @@ class _ConditionalVariable:
     @staticmethod
     def _merge_lifted_inputs(branches: list[_Branch], operand_vts) -> list:
         """Give every branch graph the union of all branches' lifted inputs, and return it.
-        The order matches make_fx tracing (tracing.trace_branches). The operands that a
-        branch reads come first, in their order. What the branches close over follows,
-        by first use."""
+        Size symbols come first (``_symbols_first``). The operands that a branch reads
+        follow, in their order, then what the branches close over, by first use."""
         union: dict = {}
         for branch in branches:
             for outer in branch.lifted:
@@ -449,10 +448,9 @@ def _symbols_first(inputs: list) -> list:
     """Put the symbolic sizes first, as dynamo lifts them. Dynamo's runtime-assert pass
     binds each size symbol at the first input that has it. A tensor batched by vmap
     cannot be asked its size there, so the symbol must come before it."""
-    symbolic = [isinstance(p.node.meta.get("example_value"), torch.SymInt) for p in inputs]
-    return [p for p, s in zip(inputs, symbolic) if s] + [
-        p for p, s in zip(inputs, symbolic) if not s
-    ]
+    return sorted(
+        inputs, key=lambda p: not isinstance(p.node.meta.get("example_value"), torch.SymInt)
+    )
 
 
 def _take_shared_inputs(branch: _Branch, shared: list) -> None:

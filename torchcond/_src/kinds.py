@@ -87,6 +87,9 @@ class ConditionalKind:
             return self.op(*pack(selector, branches, operands))
 
 
+_COND_LABELS = ("true_fn", "false_fn")
+
+
 def cond_kind(op) -> ConditionalKind:
     return ConditionalKind(
         op,
@@ -94,7 +97,7 @@ def cond_kind(op) -> ConditionalKind:
         "pred",
         "a tensor or a SymBool",
         torch.bool,
-        labels=lambda n: ["true_fn", "false_fn"],
+        labels=lambda n: list(_COND_LABELS),
         check_branches=_check_cond_branches,
         graph_names=_cond_graph_names,
         is_constant=lambda value: isinstance(value, (bool, int, float)),
@@ -119,15 +122,15 @@ def switch_kind(op) -> ConditionalKind:
         graph_names=_switch_graph_names,
         is_constant=lambda value: isinstance(value, int) and not isinstance(value, bool),
         taken_index=lambda index, n: clamp_index(host_index(index), n),
-        branch_indices=lambda index, n: clamped_switch_indices(index, n),
+        branch_indices=clamped_switch_indices,
         check_tensor=check_index_tensor,
         tensor_selector=lambda index, n: clamped_switch_indices(index.reshape(()), n),
-        normalize=lambda index, n: normalize_index(index, n),
+        normalize=normalize_index,
     )
 
 
 def _check_cond_branches(branches) -> list:
-    check_callables(branches, ["true_fn", "false_fn"])
+    check_callables(branches, _COND_LABELS)
     return list(branches)
 
 
