@@ -5,6 +5,7 @@ a Python ``if``."""
 from __future__ import annotations
 
 import io
+import math
 
 import pytest
 import torch
@@ -326,6 +327,26 @@ def test_select_strategy_number_is_a_0d_tensor():
         assert isinstance(got, torch.Tensor) and got.dim() == 0 and int(got) == want
         same = torchcond.cond(pred, lambda: 3, lambda: 3, (), strategy="select")
         assert same == 3 and type(same) is int
+
+
+def test_zeros_of_opposite_sign_are_different_numbers():
+    # -0.0 == 0.0 in Python, but 1 / -0.0 is -inf: the taken branch's zero must come back.
+    branches = [lambda: -0.0, lambda: 0.0]
+    for pred, sign in ((torch.tensor(True), -1.0), (torch.tensor(False), 1.0)):
+        got = torchcond.cond(pred, *branches, (), strategy="select")
+        assert math.copysign(1.0, float(got)) == sign
+        got = torchcond.switch(pred.long() ^ 1, branches, (), strategy="select")
+        assert math.copysign(1.0, float(got)) == sign
+    got = torch.vmap(lambda p: torchcond.cond(p, *branches, ()))(torch.tensor([True, False]))
+    assert torch.equal(torch.copysign(torch.ones(2), got), torch.tensor([-1.0, 1.0]))
+    seen = []
+
+    def f(x):
+        seen.append(torchcond.cond(x.sum() > 0, *branches, ()))
+        return x
+
+    make_fx(f, tracing_mode="symbolic")(torch.ones(3))
+    assert not isinstance(seen[0], float)  # a symbol, not the first branch's constant
 
 
 # --- deployment: lower_to_select, ONNX, AOTInductor --------------------------------------

@@ -13,6 +13,7 @@ selector). There a number that differs between branches stays a 0-d tensor, as i
 from __future__ import annotations
 
 import collections
+import math
 
 import torch
 
@@ -110,10 +111,15 @@ def _all_same(values) -> bool:
     """True when every branch returns the same constant or the same size expression."""
     first = values[0]
     if type(first) in (bool, int, float):
-        return all(type(v) is type(first) and v == first for v in values[1:])
+        return all(type(v) is type(first) and _same_constant(v, first) for v in values[1:])
     if isinstance(first, torch.SymInt):
         return all(isinstance(v, torch.SymInt) and _compat.same_size(v, first) for v in values)
     return False
+
+
+def _same_constant(a, b) -> bool:
+    """Equal, and for floats of the same sign too: -0.0 == 0.0, yet 1 / -0.0 differs."""
+    return a == b and (type(a) is not float or math.copysign(1.0, a) == math.copysign(1.0, b))
 
 
 # --- under dynamo -----------------------------------------------------------------------
