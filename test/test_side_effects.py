@@ -431,6 +431,61 @@ def _python_if(taken: bool, x, y):
     return x + y
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_a_branch_reads_its_own_write_through_a_closure_of_the_operand(grad):
+    # While a gradient may be taken, each branch writes a copy of the operand. A read of
+    # the operand through a closure must see the copy, as a Python ``if`` sees the write.
+    def f(p, x):
+        def t(o):
+            o.add_(10)
+            return x * 1
+
+        return cond(p, t, lambda o: x * 2, (x,), strategy="select")
+
+    with torch.set_grad_enabled(grad):
+        for taken in (True, False):
+            x = torch.arange(3.0)
+            out = f(torch.tensor(taken), x)
+            want = torch.arange(3.0) + 10 if taken else torch.arange(3.0) * 2
+            torch.testing.assert_close(out, want)
+            torch.testing.assert_close(x, want if taken else torch.arange(3.0))
+    xs = torch.stack([torch.arange(3.0), torch.arange(3.0) + 100])
+    out = torch.vmap(f)(torch.tensor([True, False]), xs)
+    torch.testing.assert_close(
+        out, torch.stack([torch.arange(3.0) + 10, (torch.arange(3.0) + 100) * 2])
+    )
+    torch.testing.assert_close(xs, torch.stack([torch.arange(3.0) + 10, torch.arange(3.0) + 100]))
+
+
+def test_a_write_read_back_through_a_closed_over_view_of_the_operand_is_refused():
+    # The written copy is not what the view shows, so the branch is refused, and the
+    # operand keeps its value. Under no_grad the write lands in place and the view sees it.
+    x = torch.arange(3.0)
+    view = x[1:]
+
+    def t(o):
+        o.add_(10)
+        return view * 1
+
+    with pytest.raises(
+        BranchMutationError,
+        match=r"true_fn writes in place to operands\[0\] and reads its memory through a tensor of shape \(2,\)",
+    ):
+        cond(torch.tensor(True), t, lambda o: o[1:] * 2, (x,), strategy="select")
+    torch.testing.assert_close(x, torch.arange(3.0))
+    with torch.no_grad():
+        out = cond(torch.tensor(True), t, lambda o: o[1:] * 2, (x,), strategy="select")
+    torch.testing.assert_close(out, torch.tensor([11.0, 12.0]))
+    # A branch that only reads the view, beside one that writes, reads the old values.
+    x = torch.arange(3.0)
+    view = x[1:]
+    out = cond(
+        torch.tensor(False), lambda o: o.add_(10)[1:], lambda o: view * 2, (x,), strategy="select"
+    )
+    torch.testing.assert_close(out, torch.tensor([2.0, 4.0]))
+    torch.testing.assert_close(x, torch.arange(3.0))
+
+
 # --- every branch runs: writes that happen only on some calls, and through views -------
 
 

@@ -187,7 +187,7 @@ class _MaskedRuns:
                 label,
                 branch,
                 inputs,
-                lambda: (self._closures(mask, inputs, label),),  # noqa: B023
+                lambda: self._closures(mask, inputs, label),  # noqa: B023
             )
             outputs.append(outs)
             values.append(new_values)
@@ -277,6 +277,8 @@ def _closures_masked(
     ``_masked`` does for operands. ``label`` names the branch."""
 
     def stand_in(t: torch.Tensor) -> torch.Tensor:
+        for i in writes.aliased_copies(t):
+            reads.aliases_read[i] = t
         if not guards(t):
             return t
         refuse_untraced(label, [("a tensor it closes over", t)])
@@ -289,7 +291,8 @@ def _closures_masked(
         writes.stand_in(masked)
         return masked
 
-    return StandIns(inputs, stand_in)
+    reads = StandIns(inputs, stand_in)
+    return reads
 
 
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -93,6 +94,7 @@ class BranchWrites:
 
     def __init__(self, operands: Sequence, refuse_grad: Sequence[bool], owning: bool = False):
         self.label = ""
+        self._operands = operands
         self._inputs = operands
         self._needs_grad = list(refuse_grad)
         # The recorder stops some writes before they land. It stops a write to an
@@ -170,7 +172,7 @@ class BranchWrites:
         return out
 
     def run_owning(
-        self, label: str, branch: Callable, inputs: Sequence, context: Callable[[], tuple]
+        self, label: str, branch: Callable, inputs: Sequence, reads: Callable[[], Any]
     ) -> tuple[tuple, dict[int, torch.Tensor]]:
         """Call ``run`` then ``finish`` for a branch whose autograd graph may keep what it
         writes. This happens when a gradient may be taken, now or of a trace.
@@ -180,15 +182,24 @@ class BranchWrites:
         would change a tensor that the graph saved. A write to an operand that has no
         copy stops before it lands. The branch then runs again with a copy of it, as
         every later branch does. A branch that writes nothing runs once, on the
-        operands. ``context()`` gives the context managers for one run."""
+        operands. ``reads()`` gives the mode through which the branch reads the tensors
+        it closes over, for one run (``closures.StandIns``). Through it, the branch
+        reads its copy where it reads an operand that it was given a copy of."""
         while True:
             copied = tuple(self._copied)
+            mode = reads()
+
+            def read_copy(i: int, copy: torch.Tensor, mode=mode) -> None:
+                mode.read_as(self._operands[i], copy)
+                mode.read_as(inputs[i], copy)
+
             try:
-                out = self.run(label, _writing_copies(branch, copied), inputs, *context())
+                out = self.run(label, _writing_copies(branch, copied, read_copy), inputs, mode)
             except _CopyWanted as wanted:
                 self._copied.append(wanted.args[0])
                 continue
             n = len(out) - len(copied)
+            self._refuse_stale_reads(mode.aliases_read, copied, out[n:])
             outputs, values = self.finish(out[:n])
             for i, copy in zip(copied, out[n:]):
                 if not self._upfront or _functorch_base(copy)._version:
@@ -196,6 +207,36 @@ class BranchWrites:
                 else:  # Unwritten, so an output that is the copy is the operand.
                     outputs = tuple(inputs[i] if o is copy else o for o in outputs)
             return outputs, values
+
+    def aliased_copies(self, t: torch.Tensor) -> list[int]:
+        """Return the operands that the branch writes copies of and whose memory ``t``
+        shares, though ``t`` is not the operand itself."""
+        if not self._copied:
+            return []
+        storage = _functorch_base(t).untyped_storage()._cdata
+        return [
+            i
+            for i in self._copied
+            if self._operands[i] is not t
+            and _functorch_base(self._operands[i]).untyped_storage()._cdata == storage
+        ]
+
+    def _refuse_stale_reads(self, aliases_read, copied, copies) -> None:
+        """Refuse a branch that wrote its copy of an operand and read the operand's memory
+        through another tensor it closes over. That tensor still shows the old values."""
+        for i, copy in zip(copied, copies):
+            if i in aliases_read and _functorch_base(copy)._version:
+                shape = tuple(aliases_read[i].shape)
+                raise BranchMutationError.at(
+                    "operand",
+                    i,
+                    f"{self.label} writes in place to {{path}} and reads its memory through "
+                    f"a tensor of shape {shape} that it closes over. Every branch runs "
+                    "here (strategy='select', or vmap with a per-example selector), and "
+                    "while a gradient may be taken each writes its own copy of {path}, "
+                    "which that tensor does not show. Read {path} itself, or make the "
+                    "view inside the branch",
+                )
 
     def run_all(self, labels: Sequence[str], branches: Sequence[Callable], inputs) -> tuple:
         """Run and finish each branch on ``inputs``, without a context. Return every
@@ -273,10 +314,12 @@ class BranchWrites:
         return outputs, values
 
 
-def _writing_copies(branch: Callable, copied: Sequence[int]) -> Callable:
+def _writing_copies(
+    branch: Callable, copied: Sequence[int], read_copy: Callable[[int, torch.Tensor], None]
+) -> Callable:
     """Return ``branch`` running on a copy of each operand at ``copied``. The copies are
-    made while it runs, so its writes to them are its own. It returns its outputs and
-    then the copies."""
+    made while it runs, so its writes to them are its own. ``read_copy(i, copy)`` hears
+    of each copy before the branch runs. It returns its outputs and then the copies."""
     if not copied:
         return branch
 
@@ -284,6 +327,7 @@ def _writing_copies(branch: Callable, copied: Sequence[int]) -> Callable:
         inputs = list(operands)
         for i in copied:
             inputs[i] = inputs[i].clone()
+            read_copy(i, inputs[i])
         return (*branch(*inputs), *(inputs[i] for i in copied))
 
     return run
