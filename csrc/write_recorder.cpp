@@ -9,7 +9,9 @@
 //     is saved, once (write_guard.py selects the new one and puts the old one back);
 //   * anything else is refused, before it lands: a tensor from outside the branch, an
 //     operand that shares memory with another one or needs a gradient, memory of an
-//     operand's storage outside its elements.
+//     operand's storage outside its elements, and an operand's shape, strides or
+//     storage changed in place (an op tagged inplace_view, such as unsqueeze_ or
+//     resize_), since only values can be selected per branch.
 //
 // Two sources tell it about ops:
 //   * observe(): a boxed fallback on a dispatch key the recorder puts in this thread's
@@ -90,7 +92,8 @@ std::string op_name(const c10::FunctionSchema& schema) {  // aten.add_.Tensor, a
   return name + "." + (schema.overload_name().empty() ? "default" : schema.overload_name());
 }
 
-enum Why : int64_t { kOutside = 0, kShared = 1, kNeedsGrad = 2, kOutsideElements = 3 };
+// Python's write_guard._WHY has one message per value, and its own 4.
+enum Why : int64_t { kOutside = 0, kShared = 1, kNeedsGrad = 2, kOutsideElements = 3, kMetadata = 5 };
 
 struct Refusal {
   int64_t operand;  // -1: not an operand
@@ -173,7 +176,8 @@ class Recorder {
 
   // A write to `written` by `op` is about to land. Returns why it is refused, if it is;
   // saves the operand's old value first if it is a write to select.
-  std::optional<Refusal> before_write(const std::string& op, const at::Tensor& written) {
+  // `view` says that the op changes the written tensor's metadata (inplace_view).
+  std::optional<Refusal> before_write(const std::string& op, const at::Tensor& written, bool view) {
     if (!written.defined()) return std::nullopt;
     const at::Tensor& t = functorch_base(written);
     const StorageId s = storage_of(t);
@@ -191,7 +195,10 @@ class Recorder {
       why = kOutside;
     } else if (matches > 1) {
       why = kShared;
-    } else if (concrete(t) && concrete(*bases_[first]) && !within_elements(t, *bases_[first])) {
+    } else if (view) {
+      why = kMetadata;
+    } else if (const at::Tensor& base = functorch_base(*bases_[first]);
+               concrete(t) && concrete(base) && !within_elements(t, base)) {
       why = kOutsideElements;
     } else if (refuse_grad_[first]) {  // after the check above: write_guard.py may ask for a copy
       why = kNeedsGrad;
@@ -312,7 +319,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
       for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) {
         for (Recorder* r : tl_observing) {
           if (!r->owns(depth)) continue;
-          if (auto refusal = r->before_write(name, t)) {
+          if (auto refusal = r->before_write(name, t, op.hasTag(at::Tag::inplace_view))) {
             // write_guard.py raises the recorder's refusal; this error stops the write.
             TORCH_CHECK(false, "torchcond: ", refusal->op, " refused in a branch that runs untaken");
           }
@@ -467,8 +474,8 @@ void bind_write_recorder(pybind11::module& m) {
       .def("reset", &Recorder::reset, "Forget the previous branch.")
       .def("rebase", &Recorder::rebase, "The operands of the next branch.")
       .def("stop", &stop_observing)
-      .def("before_write",
-           [](Recorder& r, const std::string& op, const at::Tensor& t) { return as_tuple(r.before_write(op, t)); })
+      .def("before_write", [](Recorder& r, const std::string& op, const at::Tensor& t,
+                              bool view) { return as_tuple(r.before_write(op, t, view)); })
       .def("made",
            [](Recorder& r, const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
              c10::SmallVector<StorageId, 8> in;

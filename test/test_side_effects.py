@@ -435,6 +435,7 @@ def _python_if(taken: bool, x, y):
 def test_a_branch_reads_its_own_write_through_a_closure_of_the_operand(grad):
     # While a gradient may be taken, each branch writes a copy of the operand. A read of
     # the operand through a closure must see the copy, as a Python ``if`` sees the write.
+    # Under no_grad the write lands in the operand, per example under vmap.
     def f(p, x):
         def t(o):
             o.add_(10)
@@ -449,8 +450,8 @@ def test_a_branch_reads_its_own_write_through_a_closure_of_the_operand(grad):
             want = torch.arange(3.0) + 10 if taken else torch.arange(3.0) * 2
             torch.testing.assert_close(out, want)
             torch.testing.assert_close(x, want if taken else torch.arange(3.0))
-    xs = torch.stack([torch.arange(3.0), torch.arange(3.0) + 100])
-    out = torch.vmap(f)(torch.tensor([True, False]), xs)
+        xs = torch.stack([torch.arange(3.0), torch.arange(3.0) + 100])
+        out = torch.vmap(f)(torch.tensor([True, False]), xs)
     torch.testing.assert_close(
         out, torch.stack([torch.arange(3.0) + 10, (torch.arange(3.0) + 100) * 2])
     )
@@ -484,6 +485,52 @@ def test_a_write_read_back_through_a_closed_over_view_of_the_operand_is_refused(
     )
     torch.testing.assert_close(out, torch.tensor([2.0, 4.0]))
     torch.testing.assert_close(x, torch.arange(3.0))
+
+
+SHAPE_CHANGES = {
+    "unsqueeze_": lambda x: x.unsqueeze_(0),
+    "t_": lambda x: x.t_(),
+    "resize_": lambda x: x.resize_(6),
+    "as_strided_": lambda x: x.as_strided_((3, 2), (1, 3)),
+    "detach_": lambda x: x.detach_(),
+}
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("change", list(SHAPE_CHANGES))
+def test_a_change_of_an_operands_shape_in_place_is_refused_where_every_branch_runs(change, grad):
+    # Only values are selected per branch, so the untaken branch's new shape would stay.
+    def t(x):
+        return SHAPE_CHANGES[change](x).sum()
+
+    x = torch.arange(6.0).reshape(2, 3)
+    with (
+        torch.set_grad_enabled(grad),
+        pytest.raises(
+            BranchMutationError,
+            match=r"true_fn writes in place \(aten\..*\) to the shape, strides or storage of its input operands\[0\]",
+        ),
+    ):
+        cond(torch.tensor(False), t, lambda x: x.sum() * 0, (x,), strategy="select")
+    assert x.shape == (2, 3) and x.stride() == (3, 1)
+    xs = torch.arange(12.0).reshape(2, 2, 3)
+    with (
+        torch.set_grad_enabled(grad),
+        pytest.raises(BranchMutationError, match="shape, strides or storage"),
+    ):
+        torch.vmap(lambda p, x: cond(p, t, lambda x: x.sum() * 0, (x,)))(
+            torch.tensor([False, True]), xs
+        )
+    assert xs.shape == (2, 2, 3)
+    # A tensor the branch made is its own to reshape in place.
+    out = cond(
+        torch.tensor(True),
+        lambda x: (x * 1).unsqueeze_(0),
+        lambda x: (x * 2).unsqueeze_(0),
+        (x,),
+        strategy="select",
+    )
+    torch.testing.assert_close(out, x.unsqueeze(0))
 
 
 # --- every branch runs: writes that happen only on some calls, and through views -------

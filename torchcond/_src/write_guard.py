@@ -76,6 +76,8 @@ _WHY = (
     "its input {path} as the caller holds it, beside the copy of it the branch receives "
     "(where a gradient may be taken, a branch writes its own copy): write the one it "
     "receives",
+    "the shape, strides or storage of its input {path}, which cannot be selected per "
+    "branch: use the op out of place (x.unsqueeze(0), not x.unsqueeze_(0))",
 )
 _NEEDS_GRAD, _BESIDE_COPY = 2, 4
 
@@ -356,7 +358,8 @@ class _WriteRecorder(_compat.TorchDispatchMode):
         if writes:
             for value in written_arguments(func, args, kwargs):
                 if isinstance(value, torch.Tensor):
-                    refusal = recorder.before_write(str(func), value)
+                    view = torch.Tag.inplace_view in func.tags
+                    refusal = recorder.before_write(str(func), value, view)
                     if refusal is not None:
                         raise self.writes.refused(*refusal)
         out = func(*args, **kwargs)
