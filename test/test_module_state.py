@@ -306,7 +306,7 @@ def _tensor_found(shape, dtype="torch.float32"):
 
 
 REFUSED = {
-    "append": re.escape("true_fn changes self.log (a list): a traced conditional runs"),
+    "append": re.escape("true_fn changes self.log (a list): every branch runs here"),
     "setitem": re.escape("true_fn changes self.table (a dict)"),
     "int": re.escape("true_fn sets self.n to int (1)"),
     "global": re.escape("true_fn changes LOG (a list)"),

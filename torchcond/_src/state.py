@@ -60,9 +60,9 @@ def _short(value) -> bool:
 
 
 _REPLAY = (
-    "a traced conditional runs every branch while it is traced, taken or not (as "
-    "strategy='select' does on every call), and the traced program replays only tensor "
-    "operations"
+    "every branch runs here, taken or not (a traced conditional while it is traced, "
+    "strategy='select' and vmap with a per-example predicate on every call), and only "
+    "tensor operations are replayed or selected"
 )
 
 
