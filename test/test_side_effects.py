@@ -487,6 +487,30 @@ def test_a_write_read_back_through_a_closed_over_view_of_the_operand_is_refused(
     torch.testing.assert_close(x, torch.arange(3.0))
 
 
+def test_a_predicate_that_views_an_operand_the_branch_writes_is_kept_for_the_backward():
+    # The backward reads the predicate as it was when the conditional was called, as a
+    # Python ``if`` read it before the branch wrote.
+    def f(m, y):
+        return cond(
+            m[0],
+            lambda m, y: (m.logical_not_(), y * 2)[1],
+            lambda m, y: y * 3,
+            (m, y),
+            strategy="select",
+        )
+
+    for taken in (True, False):
+        m, y = torch.tensor([taken, False]), torch.tensor([1.0, 2.0], requires_grad=True)
+        f(m, y).sum().backward()
+        torch.testing.assert_close(y.grad, torch.full((2,), 2.0 if taken else 3.0))
+        assert m.tolist() == ([False, True] if taken else [False, False])
+    ms = torch.tensor([[True, False], [False, False]])
+    y = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    torch.vmap(f)(ms, y).sum().backward()
+    torch.testing.assert_close(y.grad, torch.tensor([[2.0, 2.0], [3.0, 3.0]]))
+    assert ms.tolist() == [[False, True], [False, False]]
+
+
 SHAPE_CHANGES = {
     "unsqueeze_": lambda x: x.unsqueeze_(0),
     "t_": lambda x: x.t_(),

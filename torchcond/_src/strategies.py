@@ -40,7 +40,7 @@ from .merge import check_agreement
 from .state import every_branch_runs
 from .tracing import written_back
 from .untraced import labelled_inputs, refuse_unexported_in_dynamo, refuse_untraced
-from .write_guard import BranchWrites, needs_grad
+from .write_guard import BranchWrites, needs_grad, shares_storage
 
 # The accepted values. cond and switch annotate ``strategy`` with this type for type
 # checkers, and STRATEGIES checks it at run time.
@@ -160,6 +160,11 @@ def run_every_branch(
     # Here a branch may not assign a buffer or change other Python state (state.py).
     with every_branch_runs("select"):
         if differentiable or guarded:
+            # The masks and the select keep the predicate for the backward. A branch may
+            # write an operand that the predicate is a view of, so they keep a copy.
+            if which is None and not _compat.is_dynamo_compiling():
+                if any(isinstance(t, torch.Tensor) and shares_storage(first, t) for t in operands):
+                    first = first.clone()
             masks = [_Mask(first, which, k) for k in range(n)]
             runs = _MaskedRuns(writes, operands, guarded, guards, grad_mode)
             outputs, values, given = runs.run(branches, labels, masks)

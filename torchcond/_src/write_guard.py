@@ -215,12 +215,10 @@ class BranchWrites:
         shares, though ``t`` is not the operand itself."""
         if not self._copied:
             return []
-        storage = _functorch_base(t).untyped_storage()._cdata
         return [
             i
             for i in self._copied
-            if self._operands[i] is not t
-            and _functorch_base(self._operands[i]).untyped_storage()._cdata == storage
+            if self._operands[i] is not t and shares_storage(t, self._operands[i])
         ]
 
     def _refuse_stale_reads(self, aliases_read, copied, copies) -> None:
@@ -371,6 +369,12 @@ class _WriteRecorder(_compat.TorchDispatchMode):
                 if isinstance(leaf, torch.Tensor):
                     recorder.made(leaf, inputs)
         return out
+
+
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when the tensors under the functorch wrappers of ``a`` and ``b`` share a storage."""
+    storage = _functorch_base(a).untyped_storage()._cdata
+    return _functorch_base(b).untyped_storage()._cdata == storage
 
 
 def needs_grad(t: torch.Tensor) -> bool:
