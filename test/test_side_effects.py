@@ -511,6 +511,16 @@ def test_a_predicate_that_views_an_operand_the_branch_writes_is_kept_for_the_bac
     assert ms.tolist() == [[False, True], [False, False]]
 
 
+def test_a_sparse_operand_beside_one_that_needs_a_gradient_runs_under_select():
+    # The storage tests of the select path skip a tensor without a storage.
+    x, y = torch.eye(3).to_sparse(), torch.ones(3, requires_grad=True)
+    out = cond(
+        torch.tensor(True), lambda x, y: x @ y, lambda x, y: y * 2, (x, y), strategy="select"
+    )
+    out.sum().backward()
+    torch.testing.assert_close(y.grad, torch.ones(3))
+
+
 SHAPE_CHANGES = {
     "unsqueeze_": lambda x: x.unsqueeze_(0),
     "t_": lambda x: x.t_(),

@@ -372,9 +372,15 @@ class _WriteRecorder(_compat.TorchDispatchMode):
 
 
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """True when the tensors under the functorch wrappers of ``a`` and ``b`` share a storage."""
-    storage = _functorch_base(a).untyped_storage()._cdata
-    return _functorch_base(b).untyped_storage()._cdata == storage
+    """True when the tensors under the functorch wrappers of ``a`` and ``b`` share a
+    storage. A tensor without one (sparse, some subclasses) shares none."""
+    a, b = _functorch_base(a), _functorch_base(b)
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return False
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def needs_grad(t: torch.Tensor) -> bool:
