@@ -414,9 +414,6 @@ class StandIns(torch.overrides.TorchFunctionMode):
                 self.swapped.put(t, u)
         # Weak, so the branch's intermediates are freed as they would be without it.
         self.made = _ByIdentity(weak=True)
-        # Maps an operand's position to a tensor read that shares its memory, for the
-        # stand-in function to fill in (write_guard.BranchWrites.aliased_copies).
-        self.aliases_read: dict[int, torch.Tensor] = {}
 
     def read_as(self, t: torch.Tensor, u: torch.Tensor) -> None:
         """From now on, read ``u`` where the branch reads ``t``."""

@@ -282,8 +282,7 @@ def _closures_masked(
     ``_masked`` does for operands. ``label`` names the branch."""
 
     def stand_in(t: torch.Tensor) -> torch.Tensor:
-        for i in writes.aliased_copies(t):
-            reads.aliases_read[i] = t
+        writes.note_closure_read(t)
         if not guards(t):
             return t
         refuse_untraced(label, [("a tensor it closes over", t)])
@@ -296,8 +295,7 @@ def _closures_masked(
         writes.stand_in(masked)
         return masked
 
-    reads = StandIns(inputs, stand_in)
-    return reads
+    return StandIns(inputs, stand_in)
 
 
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:

@@ -111,6 +111,9 @@ class BranchWrites:
         # of it, so it cannot be stopped. Every branch then writes copies from the
         # start. Only the copies that it wrote, whose version moved, are new values.
         self._upfront = owning and not _is_dynamo_compiling() and _compat.pre_dispatch_tracing()
+        # Per run of a branch on copies: each copied operand's memory read through another
+        # tensor the branch closes over (``note_closure_read``).
+        self._aliases_read: dict[int, torch.Tensor] = {}
         self._copied: list[int] = (
             [i for i, t in enumerate(operands) if isinstance(t, _Tensor) and not refuse_grad[i]]
             if self._upfront
@@ -189,6 +192,7 @@ class BranchWrites:
         reads its copy where it reads an operand that it was given a copy of."""
         while True:
             copied = tuple(self._copied)
+            self._aliases_read = {}
             mode = reads()
 
             def read_copy(i: int, copy: torch.Tensor, mode=mode) -> None:
@@ -201,7 +205,7 @@ class BranchWrites:
                 self._copied.append(wanted.args[0])
                 continue
             n = len(out) - len(copied)
-            self._refuse_stale_reads(mode.aliases_read, copied, out[n:])
+            self._refuse_stale_reads(copied, out[n:])
             outputs, values = self.finish(out[:n])
             for i, copy in zip(copied, out[n:]):
                 if not self._upfront or _functorch_base(copy)._version:
@@ -210,23 +214,19 @@ class BranchWrites:
                     outputs = tuple(inputs[i] if o is copy else o for o in outputs)
             return outputs, values
 
-    def aliased_copies(self, t: torch.Tensor) -> list[int]:
-        """Return the operands that the branch writes copies of and whose memory ``t``
-        shares, though ``t`` is not the operand itself."""
-        if not self._copied:
-            return []
-        return [
-            i
-            for i in self._copied
-            if self._operands[i] is not t and shares_storage(t, self._operands[i])
-        ]
+    def note_closure_read(self, t: torch.Tensor) -> None:
+        """Note a tensor the branch closes over that shares memory with an operand it
+        writes a copy of, though it is not the operand itself."""
+        for i in self._copied:
+            if self._operands[i] is not t and shares_storage(t, self._operands[i]):
+                self._aliases_read[i] = t
 
-    def _refuse_stale_reads(self, aliases_read, copied, copies) -> None:
+    def _refuse_stale_reads(self, copied, copies) -> None:
         """Refuse a branch that wrote its copy of an operand and read the operand's memory
         through another tensor it closes over. That tensor still shows the old values."""
         for i, copy in zip(copied, copies):
-            if i in aliases_read and _functorch_base(copy)._version:
-                shape = tuple(aliases_read[i].shape)
+            if i in self._aliases_read and _functorch_base(copy)._version:
+                shape = tuple(self._aliases_read[i].shape)
                 raise BranchMutationError.at(
                     "operand",
                     i,
