@@ -11,7 +11,11 @@
 //     operand that shares memory with another one or needs a gradient, memory of an
 //     operand's storage outside its elements, and an operand's shape, strides or
 //     storage changed in place (an op tagged inplace_view, such as unsqueeze_ or
-//     resize_), since only values can be selected per branch.
+//     resize_, set_data), since only values can be selected per branch.
+// A branch may also change an operand's autograd state through attributes, which no op
+// shows: requires_grad, .grad and its Python hooks. The recorder holds that state for
+// each operand the branch receives (hold()), puts it back after the branch and refuses
+// a change (put_back()).
 //
 // Two sources tell it about ops:
 //   * observe(): a boxed fallback on a dispatch key the recorder puts in this thread's
@@ -93,7 +97,14 @@ std::string op_name(const c10::FunctionSchema& schema) {  // aten.add_.Tensor, a
 }
 
 // Python's write_guard._WHY has one message per value, and its own 4.
-enum Why : int64_t { kOutside = 0, kShared = 1, kNeedsGrad = 2, kOutsideElements = 3, kMetadata = 5 };
+enum Why : int64_t {
+  kOutside = 0,
+  kShared = 1,
+  kNeedsGrad = 2,
+  kOutsideElements = 3,
+  kMetadata = 5,
+  kAutogradState = 6
+};
 
 struct Refusal {
   int64_t operand;  // -1: not an operand
@@ -151,6 +162,88 @@ bool within_elements(const at::Tensor& inner, const at::Tensor& outer) {
   });
 }
 
+// An operand's autograd state, as hold() found it. Attributes set it, not ops.
+struct Held {
+  int64_t operand;
+  pybind11::object tensor;
+  bool requires_grad;
+  at::Tensor grad;
+  pybind11::object hooks[2];  // copies of the tensor's hook dicts with any hooks, or None
+  // What .data is, which `x.data = y` changes without an op. Held for a strided tensor
+  // with concrete sizes.
+  bool held = false;
+  c10::Storage storage;
+  int64_t offset = 0;
+  c10::SmallVector<int64_t, 5> sizes, strides;
+  at::ScalarType dtype = at::kFloat;
+
+  void hold_data(const at::Tensor& t) {
+    if (t.layout() != at::kStrided || !concrete(t)) return;
+    held = true;
+    storage = t.unsafeGetTensorImpl()->unsafe_storage();
+    offset = t.storage_offset();
+    sizes.assign(t.sizes().begin(), t.sizes().end());
+    strides.assign(t.strides().begin(), t.strides().end());
+    dtype = t.scalar_type();
+  }
+
+  bool same_data(const at::Tensor& t) const {
+    return !held ||
+           (t.layout() == at::kStrided && concrete(t) && t.scalar_type() == dtype &&
+            t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == storage.unsafeGetStorageImpl() &&
+            t.storage_offset() == offset && t.sizes().equals(sizes) && t.strides().equals(strides));
+  }
+
+  void put_back_data(const at::Tensor& t) const {
+    at::Tensor data = at::empty({0}, t.options().dtype(dtype));
+    data.set_(storage, offset, sizes, strides);
+    t.set_data(data);
+  }
+};
+
+constexpr const char* kHookDicts[2] = {"_backward_hooks", "_post_accumulate_grad_hooks"};
+
+// The tensor's hook dict: tensor._backward_hooks (k = 0) or
+// tensor._post_accumulate_grad_hooks (k = 1), read from the Python object's fields
+// (the same on torch 2.11-2.15). nullptr or None when it has none.
+PyObject* hook_dict(PyObject* tensor, int k) {
+  auto* v = reinterpret_cast<THPVariable*>(tensor);
+  return k == 0 ? v->backward_hooks : v->post_accumulate_grad_hooks;
+}
+
+bool has_hooks(PyObject* dict) { return dict != nullptr && PyDict_Check(dict) && PyDict_Size(dict) > 0; }
+
+// A copy of a dict with hooks in it, or None.
+pybind11::object copy_hooks(PyObject* dict) {
+  if (!has_hooks(dict)) return pybind11::none();
+  return pybind11::reinterpret_steal<pybind11::object>(PyDict_Copy(dict));
+}
+
+// Whether `now` holds the hooks of `before` (a copy, or None for none).
+bool same_hooks(const pybind11::object& before, PyObject* now) {
+  if (before.is_none()) return !has_hooks(now);
+  if (now == nullptr || !PyDict_Check(now) || PyDict_Size(now) != PyDict_Size(before.ptr())) return false;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(before.ptr(), &pos, &key, &value)) {
+    if (PyDict_GetItemWithError(now, key) != value) return false;
+  }
+  return true;
+}
+
+// Gives the tensor's hook dict k the hooks in `before` (a copy, or None for none). The
+// dict is refilled in place: the tensor's autograd hook reads it, and the handles of
+// hooks registered before stay valid.
+void put_back_hooks(const pybind11::handle& tensor, int k, const pybind11::object& before) {
+  PyObject* now = hook_dict(tensor.ptr(), k);
+  if (now == nullptr || !PyDict_Check(now)) {
+    pybind11::setattr(tensor, kHookDicts[k], before);
+    return;
+  }
+  PyDict_Clear(now);
+  if (!before.is_none() && PyDict_Update(now, before.ptr()) < 0) throw pybind11::error_already_set();
+}
+
 class Recorder {
  public:
   Recorder(std::vector<std::optional<at::Tensor>> bases, std::vector<bool> refuse_grad)
@@ -164,6 +257,61 @@ class Recorder {
     bases_ = std::move(bases);
     storages_.clear();
     for (const auto& b : bases_) storages_.push_back(b ? storage_of(*b) : nullptr);
+  }
+
+  // Holds the autograd state of args[i] where `real[i]`: the operands themselves, not
+  // stand-ins a branch was given in their place.
+  void hold(const pybind11::sequence& args, const std::vector<bool>& real) {
+    held_.clear();
+    for (size_t i = 0; i < real.size() && i < args.size(); ++i) {
+      if (!real[i]) continue;
+      pybind11::object t = args[i];
+      if (!THPVariable_Check(t.ptr())) continue;
+      const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
+      held_.push_back(Held{static_cast<int64_t>(i),
+                           t,
+                           tensor.requires_grad(),
+                           tensor.unsafeGetTensorImpl()->grad(),
+                           {copy_hooks(hook_dict(t.ptr(), 0)), copy_hooks(hook_dict(t.ptr(), 1))}});
+      held_.back().hold_data(tensor);
+    }
+  }
+
+  // Puts back the held state that the branch changed. Returns false, with the refusal
+  // recorded, if it changed any.
+  bool put_back() {
+    std::optional<Refusal> changed;
+    for (Held& h : held_) {
+      const at::Tensor& tensor = THPVariable_Unpack(h.tensor.ptr());
+      const char* what = nullptr;
+      for (int k = 1; k >= 0; --k) {
+        if (same_hooks(h.hooks[k], hook_dict(h.tensor.ptr(), k))) continue;
+        what = k == 0 ? "register_hook" : "register_post_accumulate_grad_hook";
+        put_back_hooks(h.tensor, k, h.hooks[k]);
+      }
+      if (!tensor.unsafeGetTensorImpl()->grad().is_same(h.grad)) {
+        what = ".grad =";
+        tensor.mutable_grad() = h.grad;
+      }
+      if (!h.same_data(tensor)) {
+        what = ".data =";
+        c10::impl::ExcludeDispatchKeyGuard not_mine(kKey);  // no op of the branch
+        at::NoGradGuard no_grad;
+        h.put_back_data(tensor);
+      }
+      if (tensor.requires_grad() != h.requires_grad) {
+        what = "requires_grad_";
+        tensor.set_requires_grad(h.requires_grad);
+      }
+      if (what != nullptr && !changed) {
+        changed =
+            Refusal{h.operand, what, concrete(tensor) ? tensor.sizes().vec() : std::vector<int64_t>{}, kAutogradState};
+      }
+    }
+    held_.clear();
+    if (!changed) return true;
+    if (!refusal_) refusal_ = changed;
+    return false;
   }
 
   // Forget the previous branch: what it made, saved and was refused.
@@ -276,6 +424,7 @@ class Recorder {
   std::unordered_set<StorageId> made_, outside_;
   std::vector<std::pair<int64_t, at::Tensor>> saved_;
   std::optional<Refusal> refusal_;
+  std::vector<Held> held_;
   std::vector<bool> open_ = {true};  // by depth - depth: the branch's own calls
 };
 
@@ -313,13 +462,15 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
       });
     }
     std::string name;
+    // set_data (x.data = y) gives the tensor another storage, as an inplace_view op may.
+    const bool metadata = op.hasTag(at::Tag::inplace_view) || schema.name() == "aten::set_data";
     for (size_t i = 0; i < args.size(); ++i) {
       if (!args[i].alias_info() || !args[i].alias_info()->isWrite()) continue;
       if (name.empty()) name = op_name(schema);
       for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) {
         for (Recorder* r : tl_observing) {
           if (!r->owns(depth)) continue;
-          if (auto refusal = r->before_write(name, t, op.hasTag(at::Tag::inplace_view))) {
+          if (auto refusal = r->before_write(name, t, metadata)) {
             // write_guard.py raises the recorder's refusal; this error stops the write.
             TORCH_CHECK(false, "torchcond: ", refusal->op, " refused in a branch that runs untaken");
           }
@@ -411,23 +562,34 @@ PyObject* run_recorded(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
       bases.emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)));
     }
+    const std::vector<bool> every(bases.size(), true);  // every arg is an operand itself
     auto recorder = std::make_unique<Recorder>(std::move(bases), py::cast<std::vector<bool>>(a[2]));
     const int64_t start = PyLong_AsLongLong(a[3]);
     py::list outputs;
     const int64_t num_branches = static_cast<int64_t>(py::len(branches));
     for (int64_t k = start; k < num_branches; ++k) {
       py::object branch = branches[k];
+      recorder->hold(py::reinterpret_borrow<py::tuple>(args), every);
       observe(*recorder);
       PyObject* out = PyObject_Call(branch.ptr(), args, nullptr);
       stop_observing(*recorder);
       if (out == nullptr) {
         py::error_already_set error;
+        recorder->put_back();
         return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership),
                               error.value())
             .release()
             .ptr();
       }
-      outputs.append(py::tuple(py::reinterpret_steal<py::object>(out)));
+      py::object result = py::reinterpret_steal<py::object>(out);
+      if (!recorder->put_back()) {  // write_guard.py raises the refusal from this error
+        py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(
+            PyExc_RuntimeError, "s", "torchcond: a change of an operand's autograd state refused"));
+        return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership), error)
+            .release()
+            .ptr();
+      }
+      outputs.append(py::tuple(result));
       if (recorder->wrote()) {
         return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership),
                               py::none())
@@ -457,19 +619,32 @@ void bind_write_recorder(pybind11::module& m) {
       .def_static("available", &key_available, "Whether observe() can be used in this process.")
       .def(
           "run",
-          [](Recorder& r, py::handle fn, py::handle args) {
-            observe(r);
-            struct Stop {
-              Recorder& r;
-              ~Stop() { stop_observing(r); }
-            } stop{r};
+          [](Recorder& r, py::handle fn, py::handle args, const std::vector<bool>& real) {
             py::tuple call_args = py::tuple(py::reinterpret_borrow<py::object>(args));
-            PyObject* out = PyObject_Call(fn.ptr(), call_args.ptr(), nullptr);
-            if (out == nullptr) throw py::error_already_set();
+            r.hold(call_args, real);
+            PyObject* out = nullptr;
+            {
+              observe(r);
+              struct Stop {
+                Recorder& r;
+                ~Stop() { stop_observing(r); }
+              } stop{r};
+              out = PyObject_Call(fn.ptr(), call_args.ptr(), nullptr);
+            }
+            if (out == nullptr) {
+              py::error_already_set error;
+              r.put_back();
+              throw error;
+            }
             py::object result = py::reinterpret_steal<py::object>(out);
+            TORCH_CHECK(r.put_back(), "torchcond: a change of an operand's autograd state refused");
             return py::make_tuple(py::tuple(result), r.wrote());
           },
-          "observe(); tuple(fn(*args)); stop(). Returns that tuple and whether the branch wrote.")
+          "hold(args, real); observe(); tuple(fn(*args)); stop(); put_back(). Returns that tuple and "
+          "whether the branch wrote.")
+      .def("hold", &Recorder::hold, "Hold the autograd state of args[i] where real[i].")
+      .def("put_back", &Recorder::put_back,
+           "Put back the held autograd state; False, with the refusal recorded, if it changed.")
       .def("observe", &observe, "Forget the previous branch; record the ops this thread runs until stop().")
       .def("reset", &Recorder::reset, "Forget the previous branch.")
       .def("rebase", &Recorder::rebase, "The operands of the next branch.")

@@ -567,6 +567,52 @@ def test_a_change_of_an_operands_shape_in_place_is_refused_where_every_branch_ru
     torch.testing.assert_close(out, x.unsqueeze(0))
 
 
+# Changes of an operand that no op makes. Each returns the branch's output.
+STATE_CHANGES = {
+    "requires_grad_": lambda x: (x.requires_grad_(), x * 2)[1],
+    ".grad =": lambda x: (setattr(x, "grad", torch.full_like(x, 5.0)), x * 2)[1],
+    "register_hook": lambda x: (x.register_hook(lambda g: g * 100), x * 2)[1],
+    "register_post_accumulate_grad_hook": lambda x: (
+        x.register_post_accumulate_grad_hook(lambda t: (t.grad.mul_(100), None)[1]),
+        x * 2,
+    )[1],
+    ".data =": lambda x: (setattr(x, "data", torch.full((3,), 7.0)), x * 2)[1],
+}
+
+
+class _Subclass(torch.Tensor):
+    """A tensor subclass operand. Its branches are recorded through a dispatch mode."""
+
+
+@pytest.mark.parametrize("kind", [torch.Tensor, _Subclass], ids=["tensor", "subclass"])
+@pytest.mark.parametrize("change", list(STATE_CHANGES))
+def test_a_change_of_an_operands_autograd_state_is_refused_where_every_branch_runs(change, kind):
+    # An untaken branch's hook or .data would stay, and change later values.
+    x = torch.ones(3).as_subclass(kind).requires_grad_(change != "requires_grad_")
+    kept = x.register_hook(lambda g: g * 3) if x.requires_grad else None
+    data = x.data
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            BranchMutationError,
+            match=rf"false_fn writes in place \({re.escape(change)}\) to the state of its input "
+            r"operands\[0\] that no op changes",
+        ),
+    ):
+        cond(torch.tensor(True), lambda x: x * 3, STATE_CHANGES[change], (x,), strategy="select")
+    assert x.grad is None and x.data.data_ptr() == data.data_ptr() and x.shape == (3,)
+    torch.testing.assert_close(x.detach().as_subclass(torch.Tensor), torch.ones(3))
+    if x.requires_grad:
+        (x * 1).sum().backward()  # only the hook registered before the call runs
+        torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), torch.full((3,), 3.0))
+        kept.remove()
+        x.grad = None
+        (x * 1).sum().backward()  # its handle still removes it
+        torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), torch.ones(3))
+    else:
+        assert not x.requires_grad
+
+
 # --- every branch runs: writes that happen only on some calls, and through views -------
 
 

@@ -17,14 +17,17 @@ which owns the rules). The recorder classifies every write before it lands:
   operand that shares memory with another or needs a gradient, and memory around an
   operand.
 
-The recorder hears of ops in one of two ways. In plain eager code, RecordFunction in
-C++ reports them. This is the common case, also under torch.func transforms. There a
-branch that writes nothing pays a few hundred nanoseconds per op. RecordFunction
-cannot stop an op, so a refused write lands. The recorder undoes it from a copy taken
-just before it (value, layout and version counter). The error is raised when the
-branch returns. Under a dispatch mode (tracing, fake tensors, a user's mode) or with
-tensor subclass operands, a dispatch mode pushed for the branch reports the ops. That
-mode refuses a write before it lands.
+The recorder hears of ops in one of two ways. In plain eager code, a dispatch-key
+fallback in C++ reports them. This is the common case, also under torch.func
+transforms. There a branch that writes nothing pays a fraction of a microsecond per op.
+Under a dispatch mode (tracing, fake tensors, a user's mode) or with tensor subclass
+operands, a dispatch mode pushed for the branch reports the ops. Either way a refused
+write raises before it lands.
+
+A branch may also change an operand through attributes, which no op shows:
+``requires_grad_()``, ``.grad =``, ``.data =`` and its hooks. The recorder holds that
+state of each operand the branch receives, puts it back after the branch and refuses
+a change.
 
 Under dynamo the branch is traced inline. No dispatch mode can be entered there
 without a graph break, so nothing is recorded. Instead the select path has dynamo
@@ -78,6 +81,8 @@ _WHY = (
     "receives",
     "the shape, strides or storage of its input {path}, which cannot be selected per "
     "branch: use the op out of place (x.unsqueeze(0), not x.unsqueeze_(0))",
+    "the state of its input {path} that no op changes (requires_grad, .grad, hooks or "
+    ".data), which cannot be selected per branch: change it outside the conditional",
 )
 _NEEDS_GRAD, _BESIDE_COPY = 2, 4
 
@@ -162,12 +167,20 @@ class BranchWrites:
             self._recorder.rebase(self._bases(inputs))
         self._inputs = inputs
         recorder = self.recorder
+        # The recorder holds the autograd state of the operands the branch receives.
+        real = [a is o for a, o in zip(inputs, self._operands)]
         try:
             if self._observing(inputs):
-                out, self._wrote = _within(context, recorder.run, (branch, inputs), tuple)
+                out, self._wrote = _within(context, recorder.run, (branch, inputs, real), tuple)
             else:
                 recorder.reset()
-                out = _within((*context, _WriteRecorder(self)), branch, inputs)
+                recorder.hold(inputs, real)
+                try:
+                    out = _within((*context, _WriteRecorder(self)), branch, inputs)
+                finally:
+                    kept = recorder.put_back()
+                if not kept:
+                    raise RuntimeError("torchcond: autograd state changed")  # refused below
                 self._wrote = recorder.wrote
         except BaseException as error:
             self._undo_and_raise(error)
