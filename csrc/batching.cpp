@@ -1,8 +1,14 @@
 // The tensor moves of torchcond/_src/batching.py's vmap rule, one call per list: the
 // batch's own tensors, batch dimension first, of values seen at a vmap level; and
 // those tensors seen at the level again.
+//
+// And the rule's eager common case in one call (per_example_cond, below).
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/functorch/BatchedTensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
@@ -28,9 +34,310 @@ at::Tensor batch_first(const at::Tensor& t, int64_t level, const c10::SymInt& si
   return t.expand_symint(shape);
 }
 
+// --- the eager per-example cond ---------------------------------------------------
+//
+// per_example_cond(pred, true_fn, false_fn, operands) is cond under vmap with a
+// predicate batched at the innermost level, in eager code with no gradient: what
+// batching.per_example does through run_every_branch and a select, for the common
+// case only. Both branches run on the operands while a write recorder observes them
+// (write_recorder.cpp) and the state watch's snapshot of each branch is compared
+// (state.py). A select below the level then picks each example's outputs.
+//
+// It returns None, and the caller takes the general path, when the call is not that
+// case. It checks what it can before a branch runs. After, a branch that wrote to an
+// operand, changed what the state watch sees, raised, or returned anything but a
+// tensor or a tuple or list of tensors that agree, has its effects undone (the state
+// through state.fast_failed, which also sends later calls of that function to the
+// general path). The general path then runs the branches again and does what it does
+// with each of those.
+
+struct PerExample {
+  PyObject* record = nullptr;         // state.fast_record(fn) -> its _Found, or None
+  PyObject* failed = nullptr;         // state.fast_failed(found, label, assigned)
+  PyObject* every_branch = nullptr;   // state._EVERY_BRANCH, a ContextVar
+  PyObject* select_how = nullptr;     // "select"
+  PyObject* buffer_hooks = nullptr;   // torch's global buffer registration hooks (a dict)
+  PyObject* missing = nullptr;        // state._MISSING
+  PyObject* forward_ad = nullptr;     // torch.autograd.forward_ad
+  PyObject* level_name = nullptr;     // its attribute that is >= 0 while a level is open
+  PyObject* current_level = nullptr;  // torch._C._functorch.current_level
+} g;
+
+// A buffer registration hook (torch calls it before the buffer is set): records
+// (module, name, the buffer before) in the list it is bound to.
+PyObject* note_assigned(PyObject* assigned, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2) Py_RETURN_NONE;
+  PyObject* buffers = PyObject_GetAttrString(args[0], "_buffers");
+  if (buffers == nullptr) return nullptr;
+  PyObject* old = PyDict_Check(buffers) ? PyDict_GetItemWithError(buffers, args[1]) : nullptr;
+  if (old == nullptr && PyErr_Occurred()) {
+    Py_DECREF(buffers);
+    return nullptr;
+  }
+  PyObject* entry = PyTuple_Pack(3, args[0], args[1], old != nullptr ? old : g.missing);
+  Py_DECREF(buffers);
+  if (entry == nullptr || PyList_Append(assigned, entry) < 0) {
+    Py_XDECREF(entry);
+    return nullptr;
+  }
+  Py_DECREF(entry);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kNoteAssigned = {"note_assigned", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(note_assigned)),
+                             METH_FASTCALL, "Records a buffer before a branch assigns it."};
+
+// Whether `pred` is batched by the only torch.func level, a vmap. A level's id is one
+// more than the number of levels below it, so the only level is 1, and
+// torch._C._functorch.current_level() names the innermost one. Returns -1 with a
+// Python error set.
+int batched_by_only_level(const at::Tensor& pred) {
+  const auto* batched = at::functorch::maybeGetBatchedImpl(pred);
+  if (batched == nullptr || batched->level() != 1) return 0;
+  PyObject* level = PyObject_CallNoArgs(g.current_level);
+  if (level == nullptr) {  // no level at all: a tensor of a vmap that has ended
+    PyErr_Clear();
+    return 0;
+  }
+  const long id = PyLong_AsLong(level);
+  Py_DECREF(level);
+  if (id == -1 && PyErr_Occurred()) return -1;
+  return id == 1;
+}
+
+// A branch's output as its tensors: one tensor, or a tuple or list of tensors. Returns
+// false for anything else.
+bool output_tensors(PyObject* out, std::vector<PyObject*>& leaves) {
+  if (THPVariable_CheckExact(out)) {
+    leaves.push_back(out);
+    return true;
+  }
+  const bool tuple = PyTuple_CheckExact(out);
+  if (!tuple && !PyList_CheckExact(out)) return false;
+  const Py_ssize_t n = tuple ? PyTuple_GET_SIZE(out) : PyList_GET_SIZE(out);
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    PyObject* leaf = tuple ? PyTuple_GET_ITEM(out, j) : PyList_GET_ITEM(out, j);
+    if (!THPVariable_CheckExact(leaf)) return false;
+    leaves.push_back(leaf);
+  }
+  return true;
+}
+
+// Whether two outputs can be selected: the same structure, and leaves of one dtype,
+// device and shape, dense. Leaves that are one tensor need no select.
+bool selectable(PyObject* a, PyObject* b, const std::vector<PyObject*>& as, const std::vector<PyObject*>& bs) {
+  if (Py_TYPE(a) != Py_TYPE(b) || as.size() != bs.size()) return false;
+  for (size_t j = 0; j < as.size(); ++j) {
+    if (as[j] == bs[j]) continue;
+    const at::Tensor& x = THPVariable_Unpack(as[j]);
+    const at::Tensor& y = THPVariable_Unpack(bs[j]);
+    if (x.layout() != at::kStrided || y.layout() != at::kStrided || x.is_quantized() || y.is_quantized() ||
+        x.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+        y.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || x.scalar_type() != y.scalar_type() ||
+        x.device() != y.device() || !x.sizes().equals(y.sizes())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+class Hooked {  // the buffer hook in place of torch's, while a branch runs
+ public:
+  explicit Hooked(PyObject* assigned) {
+    hook_ = PyCFunction_New(&kNoteAssigned, assigned);
+    key_ = PyLong_FromLong(-1);
+    ok_ = hook_ != nullptr && key_ != nullptr && PyObject_SetItem(g.buffer_hooks, key_, hook_) == 0;
+  }
+  ~Hooked() {
+    if (ok_ && PyObject_DelItem(g.buffer_hooks, key_) < 0) PyErr_Clear();
+    Py_XDECREF(hook_);
+    Py_XDECREF(key_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  PyObject* hook_;
+  PyObject* key_;
+  bool ok_;
+};
+
+PyObject* none() { Py_RETURN_NONE; }
+
+// The keys of torch.func's other wrappers (grad's and functionalize's).
+const c10::DispatchKeySet kWrapped({c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize});
+
+// After a branch's effects were undone: its state put back and its function sent to
+// the general path from now on. Returns None, or nullptr with an error set.
+PyObject* fall_back(PyObject* record, const char* label, PyObject* assigned) {
+  PyObject* result = PyObject_CallFunction(g.failed, "OsO", record, label, assigned);
+  if (result == nullptr) return nullptr;
+  Py_DECREF(result);
+  return none();
+}
+
+PyObject* per_example_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "per_example_cond(pred, true_fn, false_fn, operands)");
+    return nullptr;
+  }
+  if (g.record == nullptr || !THPVariable_CheckExact(args[0]) || !PyFunction_Check(args[1]) ||
+      !PyFunction_Check(args[2]) || !eager_operands(args[3])) {
+    return none();
+  }
+  try {
+    namespace py = pybind11;
+    const at::Tensor& pred = THPVariable_Unpack(args[0]);
+    const int batched = batched_by_only_level(pred);
+    if (batched <= 0) return batched < 0 ? nullptr : none();
+    if (pred.scalar_type() != at::kBool || pred.dim() != 0 || at::GradMode::is_enabled() || !recorder_available() ||
+        PyDict_Size(g.buffer_hooks) != 0) {
+      return none();
+    }
+    const int plain = eager_context(pred);
+    if (plain <= 0) return plain < 0 ? nullptr : none();
+    py::object level = py::reinterpret_steal<py::object>(PyObject_GetAttr(g.forward_ad, g.level_name));
+    if (!level) return nullptr;
+    if (PyLong_AsLong(level.ptr()) >= 0) return none();  // a forward-AD level differentiates
+    py::tuple operands = py::reinterpret_steal<py::tuple>(PySequence_Tuple(args[3]));
+    // Operands with the batch or none: another torch.func wrapper (grad's, dead or alive)
+    // goes to the general path, which unwraps a dead one.
+    for (const auto& operand : operands) {
+      const at::Tensor& t = THPVariable_Unpack(operand.ptr());
+      const auto* batched = at::functorch::maybeGetBatchedImpl(t);
+      if (batched != nullptr ? batched->level() != 1 || at::functorch::isBatchedTensor(batched->value())
+                             : t.key_set().has_any(kWrapped)) {
+        return none();
+      }
+    }
+    const char* labels[2] = {"true_fn", "false_fn"};
+    py::object records[2];
+    for (int k = 0; k < 2; ++k) {
+      records[k] = py::reinterpret_steal<py::object>(PyObject_CallOneArg(g.record, args[1 + k]));
+      if (!records[k]) return nullptr;
+      if (records[k].is_none()) return none();
+    }
+    // Both branches run, each as if untaken (state.every_branch_runs("select")).
+    py::object token = py::reinterpret_steal<py::object>(PyContextVar_Set(g.every_branch, g.select_how));
+    if (!token) return nullptr;
+    struct Reset {
+      PyObject* token;
+      ~Reset() {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (PyContextVar_Reset(g.every_branch, token) < 0) PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+      }
+    } reset{token.ptr()};
+    py::object outs[2];
+    std::vector<PyObject*> leaves[2];
+    for (int k = 0; k < 2; ++k) {
+      py::list assigned;
+      ObservedRun run{nullptr, false};
+      {
+        Hooked hooked(assigned.ptr());
+        if (!hooked.ok()) return nullptr;
+        run = run_observed(args[1 + k], operands.ptr());
+      }
+      outs[k] = py::reinterpret_steal<py::object>(run.out);
+      if (!outs[k]) {
+        // Only an exception goes to the general path, which raises it again: a
+        // KeyboardInterrupt or SystemExit stops here.
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+        PyErr_Clear();
+        return fall_back(records[k].ptr(), labels[k], assigned.ptr());
+      }
+      py::object probes = records[k].attr("probes"), snapshot = records[k].attr("snapshot");
+      const int same = snapshot_same(probes.ptr(), snapshot.ptr());
+      if (same < 0) return nullptr;
+      if (!run.clean || same == 0 || PyList_GET_SIZE(assigned.ptr()) != 0 ||
+          !output_tensors(outs[k].ptr(), leaves[k])) {
+        return fall_back(records[k].ptr(), labels[k], assigned.ptr());
+      }
+    }
+    if (!selectable(outs[0].ptr(), outs[1].ptr(), leaves[0], leaves[1])) return none();
+    // The select, below the level, on the batch's own tensors. They are plain tensors,
+    // so leaving out functorch's keys is what setting the level aside would do.
+    const auto* batched_pred = at::functorch::maybeGetBatchedImpl(pred);
+    const int64_t id = batched_pred->level();
+    const c10::SymInt size = batched_pred->value().sym_size(batched_pred->bdim());
+    std::vector<at::Tensor> trues, falses;
+    for (size_t j = 0; j < leaves[0].size(); ++j) {
+      if (leaves[0][j] == leaves[1][j]) continue;
+      trues.push_back(batch_first(THPVariable_Unpack(leaves[0][j]), id, size));
+      falses.push_back(batch_first(THPVariable_Unpack(leaves[1][j]), id, size));
+    }
+    std::vector<at::Tensor> selected;
+    if (!trues.empty()) {
+      const at::Tensor mask = batch_first(pred, id, size);
+      static const auto select =
+          c10::Dispatcher::singleton()
+              .findSchemaOrThrow("torchcond::select", "")
+              .typed<std::vector<at::Tensor>(const at::Tensor&, at::TensorList, at::TensorList)>();
+      c10::impl::ExcludeDispatchKeyGuard no_level(
+          c10::DispatchKeySet({c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
+                               c10::DispatchKey::FuncTorchDynamicLayerBackMode, c10::DispatchKey::FuncTorchBatched}));
+      at::AutoDispatchBelowAutograd below;
+      selected = select.call(mask, trues, falses);
+    }
+    // The outputs, in the first branch's structure.
+    const Py_ssize_t n = static_cast<Py_ssize_t>(leaves[0].size());
+    auto leaf = [&, next = size_t{0}](Py_ssize_t j) mutable -> PyObject* {
+      if (leaves[0][j] == leaves[1][j]) return Py_NewRef(leaves[0][j]);
+      return THPVariable_Wrap(at::functorch::addBatchDim(selected[next++], 0, id));
+    };
+    if (THPVariable_CheckExact(outs[0].ptr())) return leaf(0);
+    py::object result =
+        py::reinterpret_steal<py::object>(PyTuple_CheckExact(outs[0].ptr()) ? PyTuple_New(n) : PyList_New(n));
+    for (Py_ssize_t j = 0; j < n; ++j) {
+      PyObject* value = leaf(j);
+      if (value == nullptr) return nullptr;
+      if (PyTuple_Check(result.ptr())) {
+        PyTuple_SET_ITEM(result.ptr(), j, value);
+      } else {
+        PyList_SET_ITEM(result.ptr(), j, value);
+      }
+    }
+    return result.release().ptr();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return nullptr;
+  }
+}
+
+// per_example_init(record, failed, every_branch, buffer_hooks, missing, forward_ad,
+// level_name, current_level): what per_example_cond reads and calls (state.py).
+PyObject* per_example_init(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8 || !PyDict_Check(args[3]) || !PyUnicode_Check(args[6])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "per_example_init(record, failed, every_branch, buffer_hooks: dict, missing, forward_ad, "
+                    "level_name: str, current_level)");
+    return nullptr;
+  }
+  PyObject** slots[8] = {&g.record,  &g.failed,     &g.every_branch, &g.buffer_hooks,
+                         &g.missing, &g.forward_ad, &g.level_name,   &g.current_level};
+  for (int i = 0; i < 8; ++i) {
+    Py_INCREF(args[i]);
+    Py_XSETREF(*slots[i], args[i]);
+  }
+  if (g.select_how == nullptr) g.select_how = PyUnicode_InternFromString("select");
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kMethods[] = {
+    {"per_example_cond", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(per_example_cond)), METH_FASTCALL,
+     "cond under vmap with a per-example predicate, eagerly, in one call; None for the general path."},
+    {"per_example_init", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(per_example_init)), METH_FASTCALL,
+     "What per_example_cond reads and calls."},
+    {nullptr, nullptr, 0, nullptr}};
+
 }  // namespace
 
 void bind_batching(pybind11::module& m) {
+  for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
+    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
+    if (fn == nullptr) throw pybind11::error_already_set();
+    m.add_object(def->ml_name, pybind11::reinterpret_steal<pybind11::object>(fn));
+  }
   m.def(
       "batch_first",
       [](const std::vector<std::optional<at::Tensor>>& values, int64_t level, const c10::SymInt& size) {

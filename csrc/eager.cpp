@@ -225,6 +225,10 @@ PyMethodDef kMethods[] = {
 
 }  // namespace
 
+bool eager_operands(PyObject* operands) { return plain_operands(operands); }
+
+int eager_context(const at::Tensor& selector) { return plain_context(selector); }
+
 void bind_eager(pybind11::module& m) {
   for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());

@@ -226,6 +226,15 @@ PyMethodDef kMethods[] = {
 
 }  // namespace
 
+int snapshot_same(PyObject* probes, PyObject* snapshot) {
+  PyObject* args[2] = {probes, snapshot};
+  PyObject* result = watch_same(nullptr, args, 2);
+  if (result == nullptr) return -1;
+  const int same = result == Py_True;
+  Py_DECREF(result);
+  return same;
+}
+
 void bind_watch(pybind11::module& m) {
   for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());

@@ -611,6 +611,27 @@ PyMethodDef kRecorderMethods[] = {
 
 }  // namespace
 
+bool recorder_available() { return key_available(); }
+
+ObservedRun run_observed(PyObject* branch, PyObject* args) {
+  std::vector<std::optional<at::Tensor>> bases;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
+    bases.emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)));
+  const std::vector<bool> every(bases.size(), true);
+  Recorder recorder(std::move(bases), std::vector<bool>(every.size(), false));
+  recorder.hold(pybind11::reinterpret_borrow<pybind11::tuple>(args), every);
+  observe(recorder);
+  PyObject* out = PyObject_Call(branch, args, nullptr);
+  stop_observing(recorder);
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // put_back may run Python code
+  const bool kept = recorder.put_back();
+  const bool clean = kept && !recorder.wrote();
+  if (!clean) recorder.undo();
+  PyErr_Restore(type, value, traceback);
+  return {out, clean};
+}
+
 void bind_write_recorder(pybind11::module& m) {
   namespace py = pybind11;
   py::class_<Recorder>(m, "WriteRecorder")

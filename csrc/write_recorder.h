@@ -14,4 +14,24 @@ void bind_eager(pybind11::module& m);
 // torchcond._C.watch_snapshot and watch_same (watch.cpp).
 void bind_watch(pybind11::module& m);
 
+// What the vmap rule's C++ (batching.cpp) shares with the files above.
+
+// watch_same(probes, snapshot): 1, 0, or -1 with a Python error set (watch.cpp).
+int snapshot_same(PyObject* probes, PyObject* snapshot);
+// A tuple or list of tensors that are exactly torch.Tensor (eager.cpp).
+bool eager_operands(PyObject* operands);
+// 1 where no mode, profiler or torch.jit trace is active (nor a CUDA graph capture on
+// the selector's device); 0 otherwise; -1 with a Python error set (eager.cpp).
+int eager_context(const at::Tensor& selector);
+
+// One branch run on `args` (a tuple of the operands) while a write recorder observes.
+struct ObservedRun {
+  PyObject* out;  // a new reference, or nullptr with the Python error set
+  bool clean;     // it wrote to no operand and left their autograd state alone
+};
+// Writes and autograd-state changes are undone before it returns (write_recorder.cpp).
+ObservedRun run_observed(PyObject* branch, PyObject* args);
+// Whether the recorder's dispatch key is free for it in this process.
+bool recorder_available();
+
 }  // namespace torchcond

@@ -8,7 +8,8 @@ from helpers import count_nodes
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from torchcond import cond, switch
+import torchcond
+from torchcond import BranchMismatchError, BranchMutationError, CondArgumentError, cond, switch
 
 XS = torch.tensor([[1.0, 2.0], [-1.0, -3.0], [0.5, -0.1], [2.0, -0.5]], dtype=torch.float64)
 
@@ -282,7 +283,6 @@ def test_vmap_per_example_write_lands_in_the_taken_rows():
 
 
 def test_vmap_per_example_write_to_an_unbatched_operand_is_refused():
-    from torchcond import BranchMutationError
 
     flags, w = torch.tensor([True, False]), torch.zeros(3)
     with pytest.raises(BranchMutationError, match=r"operands\[0\], which is not batched"):
@@ -291,7 +291,6 @@ def test_vmap_per_example_write_to_an_unbatched_operand_is_refused():
 
 
 def test_a_select_write_to_an_operand_that_needs_a_gradient_is_refused():
-    from torchcond import BranchMutationError
 
     x = torch.ones(3, requires_grad=True)
     with pytest.raises(BranchMutationError, match=r"operands\[0\], which needs a gradient"):
@@ -299,7 +298,6 @@ def test_a_select_write_to_an_operand_that_needs_a_gradient_is_refused():
 
 
 def test_a_branch_that_runs_untaken_may_not_write_to_a_closed_over_tensor():
-    from torchcond import BranchMutationError
 
     w, x = torch.zeros(3), torch.ones(3)
     with pytest.raises(
@@ -541,7 +539,6 @@ def test_strategy_select_masks_a_closed_over_tensor_that_needs_a_gradient(root):
 def test_a_branch_that_runs_untaken_may_not_write_to_a_closure_that_needs_a_gradient():
     # The branch reads a masked stand-in of w; a write to it would be lost, so it is
     # refused as a write to w would be.
-    from torchcond import BranchMutationError
 
     w = torch.ones(2, requires_grad=True) * 1
     with pytest.raises(BranchMutationError, match=r"true_fn writes in place .* from outside it"):
@@ -800,3 +797,74 @@ def test_traced_per_example_gradient_through_a_nested_switch(tracing_mode):
     want = torch.stack([torch.func.grad(python_if)(*a) for a in zip(x, [y] * 3, s)])
     torch.testing.assert_close(traced(x, y, s), want)
     torch.testing.assert_close(per_example(x, y, s), want)
+
+
+# --- without a gradient, one C call -----------------------------------------------------
+
+
+def _t(x):
+    return x.sin() * 2
+
+
+def _f(x):
+    return x.cos()
+
+
+FLAGS = torch.tensor([True, False, False, True])
+
+
+def test_without_a_gradient_a_per_example_cond_is_one_c_call():
+    # The call api.cond makes; None would mean the general path.
+    def direct(p, x):
+        out = torchcond._C.per_example_cond(p, _t, _f, (x,))
+        assert out is not None
+        return out
+
+    with torch.no_grad():
+        got = torch.vmap(direct)(FLAGS, XS)
+    torch.testing.assert_close(got, per_example(lambda p, x: _t(x) if p else _f(x), FLAGS, XS))
+    # A gradient, a predicate of another dtype, a builtin branch: the general path.
+    answers = []
+
+    def general(p, x, t):
+        answers.append(torchcond._C.per_example_cond(p, t, _f, (x,)))
+        return x
+
+    for p, t, grad in ((FLAGS, _t, True), (FLAGS.double(), _t, False), (FLAGS, torch.sin, False)):
+        with torch.set_grad_enabled(grad):
+            torch.vmap(functools.partial(general, t=t))(p, XS)
+    assert answers == [None, None, None]
+
+
+def test_without_a_gradient_a_per_example_cond_raises_what_the_general_path_does():
+    with (
+        torch.no_grad(),
+        pytest.raises(BranchMismatchError, match="branches must agree on shape"),
+    ):
+        torch.vmap(lambda p, x: cond(p, lambda x: x, lambda x: x[:1], (x,)))(FLAGS, XS)
+    with (
+        torch.no_grad(),
+        pytest.raises(CondArgumentError, match="true_fn is called with the 1 operand"),
+    ):
+        torch.vmap(lambda p, x: cond(p, lambda: x, _f, (x,)))(FLAGS, XS)
+
+
+class _Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, p, x):
+        def t(x):
+            self.count = self.count + 1
+            return x * 2
+
+        return cond(p, t, lambda x: x * 3, (x,))
+
+
+def test_without_a_gradient_a_per_example_cond_refuses_a_buffer_assignment_and_keeps_it():
+    m = _Counter()
+    count = m.count
+    with torch.no_grad(), pytest.raises(BranchMutationError, match=r"true_fn assigns .*count"):
+        torch.vmap(m)(FLAGS, XS)
+    assert m.count is count and m.count.item() == 0

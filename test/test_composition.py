@@ -1041,3 +1041,32 @@ def test_invalid_selector_is_refused(context, selector, op):
     assert got.error is not None, f"returned {got.results[0][0]}"
     assert any(isinstance(e, CondArgumentError) for e in _chain(got.error)), _short(got.error)
     assert got.broken_state is None, got.broken_state
+
+
+# --- vmap without a gradient: one C call where it can (csrc/batching.cpp) -------------------
+
+
+# The loop that stands for vmap in the reference cannot stack these kinds' outputs (sizes
+# that differ per example, numbers); the matrix judges them through check().
+STACKABLE = [k for k in KINDS if k not in ("unbacked", "number")]
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference"])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("kind", STACKABLE)
+def test_vmap_without_a_gradient_matches_python_if(kind, op, mode):
+    # check() puts grad mode back after each run, so the runs here are made directly.
+    case = Case("eager", "vmap", kind, op, "auto")
+    _, calls = input_sets(KINDS[kind], op, case.inner)
+    with mode():
+        expected = []
+        for args in calls:
+            args = _clone(args)
+            expected.append((build(case, "python_if")(*args), args))
+        run = build(case, "torchcond")
+        got = []
+        for args in calls:
+            args = _clone(args)
+            got.append((run(*args), args))
+    assert not torch_state_problem()
+    assert not mismatch(got, expected, calls, True)

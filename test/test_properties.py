@@ -1,5 +1,7 @@
 """Properties: cond/switch equal a Python `if`/index over random pytrees, shapes, dtypes."""
 
+import types
+
 import torch
 import torch.utils._pytree as pytree
 from helpers import examples
@@ -208,3 +210,64 @@ def test_writes_where_every_branch_runs(op, on_operand, taken, how, seed):
         )
     assert_same(out, expected)
     assert_same(x, expected_x)
+
+
+# --- vmap with a per-example predicate and no gradient -------------------------------------
+
+# What each branch returns from its own result `a`, the operand `x`, a closure `w` and
+# a number `n` of its own.
+OUTPUTS = {
+    "tensor": lambda a, x, w, n: a,
+    "tuple with the operand and a closure": lambda a, x, w, n: (a, x, w),
+    "list": lambda a, x, w, n: [a, a * 2],
+    "dict and a number": lambda a, x, w, n: {"a": a, "n": n},
+    "nested": lambda a, x, w, n: (a, (x * 1, [w])),
+}
+
+
+def _with_fresh_code(fn):
+    code = fn.__code__.replace()
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+@SETTINGS
+@given(
+    st.sampled_from(list(OUTPUTS)),
+    st.booleans(),
+    st.booleans(),
+    st.lists(st.booleans(), min_size=1, max_size=4),
+    st.sampled_from([torch.no_grad, torch.inference_mode]),
+    st.integers(0, 2**16),
+)
+def test_a_per_example_cond_without_gradient_equals_python_if(
+    output, t_writes, f_writes, flags, mode, seed
+):
+    """Without a gradient one C call runs both branches and selects, and hands what it
+    does not cover (writes, numbers, dicts, nesting) to the general path. Either way each
+    example gets what a Python `if` gives it, and the operand its writes."""
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(len(flags), 3, generator=g), torch.randn(3, generator=g)
+
+    def t(x):
+        if t_writes:
+            x.mul_(2)
+        return OUTPUTS[output](x.sin(), x, w, 1.5)
+
+    def f(x):
+        if f_writes:
+            x.add_(1)
+        return OUTPUTS[output](x.cos(), x, w, 2.5)
+
+    refs = x.clone()
+    expected = [(t if p else f)(row) for p, row in zip(flags, refs)]
+    # Code the general path took once goes there again (state.fast_record). Fresh code
+    # lets each example start in the C call.
+    t, f = _with_fresh_code(t), _with_fresh_code(f)
+    with mode():
+        out = torch.vmap(lambda p, x: cond(p, t, f, (x,)))(torch.tensor(flags), x)
+    assert pytree.tree_structure(out) == pytree.tree_structure(expected[0])
+    for i, want in enumerate(expected):
+        for got, leaf in zip(pytree.tree_leaves(out), pytree.tree_leaves(want)):
+            # A number each branch returns its own of comes back as a tensor.
+            torch.testing.assert_close(got[i], torch.as_tensor(leaf, dtype=got.dtype))
+    torch.testing.assert_close(x, refs)

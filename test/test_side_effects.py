@@ -619,8 +619,9 @@ def test_a_change_of_an_operands_autograd_state_is_refused_where_every_branch_ru
 def _every_branch(how: str, t, f, taken: bool, operands):
     """``cond`` run with every branch, and what a Python ``if`` gives: ``"select"`` takes
     ``taken`` for all, ``"vmap"`` over the operands' first dimension takes ``taken`` for
-    the first example and the other branch for the second. The reference runs on copies
-    of the operands, returned after its output."""
+    the first example and the other branch for the second (``"vmap_no_grad"`` the same
+    under no_grad, where one C call runs both). The reference runs on copies of the
+    operands, returned after its output."""
     refs = [o.clone() for o in operands]
     if how == "select":
         expected = t(*refs) if taken else f(*refs)
@@ -630,11 +631,12 @@ def _every_branch(how: str, t, f, taken: bool, operands):
         expected = torch.stack(
             [(t if p else f)(*rows) for p, *rows in zip(flags, *refs, strict=True)]
         )
-        out = torch.vmap(lambda p, *xs: cond(p, t, f, xs))(torch.tensor(flags), *operands)
+        with torch.set_grad_enabled(how == "vmap"):
+            out = torch.vmap(lambda p, *xs: cond(p, t, f, xs))(torch.tensor(flags), *operands)
     return out, expected, refs
 
 
-EVERY_BRANCH = pytest.mark.parametrize("how", ["select", "vmap"])
+EVERY_BRANCH = pytest.mark.parametrize("how", ["select", "vmap", "vmap_no_grad"])
 
 
 @EVERY_BRANCH
@@ -671,7 +673,8 @@ def test_a_write_to_a_closure_on_some_calls_is_refused_on_those_calls(how):
         if how == "select":
             return cond(torch.tensor(False), t, torch.sin, (x,), strategy="select")
         flags = torch.tensor([False, True])
-        return torch.vmap(lambda p, x: cond(p, t, torch.sin, (x,)))(flags, x)
+        with torch.set_grad_enabled(how == "vmap"):
+            return torch.vmap(lambda p, x: cond(p, t, lambda x: x.sin(), (x,)))(flags, x)
 
     for write[0] in (False, True, False, True):
         x = torch.ones(2, 3)
@@ -973,7 +976,7 @@ def _scale_by_written(x, buffer):
     return x * buffer  # autograd saves the written buffer
 
 
-@EVERY_BRANCH
+@pytest.mark.parametrize("how", ["select", "vmap"])
 def test_a_written_operand_the_gradient_reads_matches_python_if(how):
     # The branch's graph keeps the buffer it wrote: putting the operand's old value back
     # in place would change that tensor (a version error in backward, or a wrong

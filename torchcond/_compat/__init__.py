@@ -939,6 +939,16 @@ def modules_untracked(mode):
 # looked up per branch.
 _BUFFER_REGISTRATION_HOOKS = torch.nn.modules.module._global_buffer_registration_hooks
 
+# What the eager per-example cond in C++ reads (csrc/batching.cpp): the hooks above, the
+# forward-AD module with the name of its attribute that is >= 0 while a level is open,
+# and the innermost torch.func level's id, one more than the levels below it (2.11-2.15).
+PER_EXAMPLE_STATE = (
+    _BUFFER_REGISTRATION_HOOKS,
+    _forward_ad,
+    "_current_level",
+    torch._C._functorch.current_level,
+)
+
 
 class only_buffer_registration_hook:  # a context manager, named as one
     """Make ``hook(module, name, value)`` the only global buffer registration hook while active.

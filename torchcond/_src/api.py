@@ -50,6 +50,10 @@ _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _C.eager_init(*_compat.PROFILER_FLAG, torch.cuda.is_current_stream_capturing)
 _taken_branch = _C.taken_branch
 _taken_case = _C.taken_case
+# Under vmap with a per-example predicate and no gradient, one C call runs both
+# branches and selects (csrc/batching.cpp). It returns None to leave the call to the
+# general path, where the vmap rule (batching.per_example) does the same and the rest.
+_per_example_cond = _C.per_example_cond
 # Under a profiler, the slow path records the conditional's ranges (``_general_path``).
 _profiling = _compat.profiler_enabled
 # The dynamo path reads only module-level names such as these. A compiled function
@@ -159,6 +163,9 @@ def cond(
                 label = "true_fn" if bool(pred) else "false_fn"
                 raise_if_arity_error(error, fn, label, operands)
                 raise
+        out = _per_example_cond(pred, true_fn, false_fn, operands)
+        if out is not None:
+            return out
     return _general_path(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)
 
 

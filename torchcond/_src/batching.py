@@ -7,7 +7,9 @@
   then picks, per example, the taken branch's value of every output leaf.
 
 The second form runs ``strategies.run_every_branch`` at the vmap level, then one
-select below it.
+select below it. Its eager common case, without a gradient, is one C call that
+``api.cond`` makes first (``per_example_cond`` in csrc/batching.cpp). That call hands
+anything else back before or after running the branches, and this rule does it all.
 """
 
 from __future__ import annotations

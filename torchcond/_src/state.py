@@ -208,7 +208,7 @@ def run_branch(fn: Callable, label: str, operands) -> object:
     how = _EVERY_BRANCH.get()
     if how is None:
         return fn(*operands)
-    watch = _Watch(fn, label)
+    watch = _Watch(_found(fn), label)
     with _compat.only_buffer_registration_hook(watch.assigned):
         try:
             out = fn(*operands)
@@ -310,12 +310,62 @@ def _found(fn: Callable) -> _Found:
     return found
 
 
-class _Watch:
-    """The state one branch can reach, as it was before the branch ran."""
+# The code objects of functions that the C++ per-example cond handed to the general
+# path once, by id, held weakly. Their later calls go there directly, so a branch that
+# writes is not run twice each call. Branches defined inside a function are new
+# functions on every call, but share their code.
+_GENERAL_CODE: dict[int, weakref.ref] = {}
 
-    def __init__(self, fn: Callable, label: str):
+
+def fast_record(fn) -> _Found | None:
+    """Return the record of a plain function ``fn`` that the eager per-example cond in
+    C++ may run (csrc/batching.cpp), or None. That code compares the record's snapshot
+    after the branch, as ``run_branch`` does, and calls ``fast_failed`` on anything else."""
+    if type(fn) is not types.FunctionType:
+        return None
+    general = _GENERAL_CODE.get(id(fn.__code__))
+    if general is not None and general() is fn.__code__:
+        return None
+    return _found(fn)
+
+
+def _forget_code(key: int, _ref: weakref.ref) -> None:
+    _GENERAL_CODE.pop(key, None)
+
+
+def fast_failed(found: _Found, label: str, assigned: list) -> None:
+    """Put back what a branch run by the C++ per-example cond changed that it can reach.
+    ``assigned`` holds ``(module, name, buffer before)`` for each buffer it assigned.
+    The general path then runs the branch again under ``run_branch``, as it will every
+    later call of a function with this code."""
+    if found.root is not None:
+        code = found.root[0]
+        _GENERAL_CODE[id(code)] = weakref.ref(code, functools.partial(_forget_code, id(code)))
+    watch = _Watch(found, label)
+    for module, name, old in assigned:
+        watch.buffers.setdefault((id(module), name), (module, name, old))
+    if watch.buffers or not found.unchanged():
+        watch.restore()
+
+
+# The eager per-example cond in C++ (csrc/batching.cpp) reads and calls these.
+_C.per_example_init(
+    fast_record,
+    fast_failed,
+    _EVERY_BRANCH,
+    _compat.PER_EXAMPLE_STATE[0],
+    _MISSING,
+    *_compat.PER_EXAMPLE_STATE[1:],
+)
+
+
+class _Watch:
+    """The state one branch can reach, as it was before the branch ran. ``found`` is
+    the branch's record (``_found``)."""
+
+    def __init__(self, found: _Found, label: str):
         self.label = label
-        self.found = _found(fn)
+        self.found = found
         self.states = self.found.states
         # (id(module), name) -> (module, name, the buffer before the branch, or _MISSING)
         self.buffers: dict[tuple[int, str], tuple[torch.nn.Module, str, Any]] = {}
