@@ -34,23 +34,24 @@ at::Tensor batch_first(const at::Tensor& t, int64_t level, const c10::SymInt& si
   return t.expand_symint(shape);
 }
 
-// --- the eager per-example cond ---------------------------------------------------
+// --- cond with every branch run, eagerly, in one call ---------------------------------
 //
 // per_example_cond(pred, true_fn, false_fn, operands) is cond under vmap with a
-// predicate batched at the innermost level, in eager code with no gradient: what
-// batching.per_example does through run_every_branch and a select, for the common
-// case only. Both branches run on the operands while a write recorder observes them
-// (write_recorder.cpp) and the state watch's snapshot of each branch is compared
-// (state.py). A select below the level then picks each example's outputs.
+// predicate batched at the only torch.func level, and select_cond(...) is
+// cond(..., strategy="select") outside any. Both are for eager code with no gradient,
+// and for the common case only: what batching.per_example and
+// strategies.run_all_and_select do through run_every_branch and a select. Both
+// branches run on the operands while a write recorder observes them
+// (write_recorder.cpp), and each branch's state-watch snapshot is compared after it
+// (state.py). One select then picks the outputs, under vmap below the level.
 //
-// It returns None, and the caller takes the general path, when the call is not that
+// Each returns None, and the caller takes the general path, when the call is not that
 // case. It checks what it can before a branch runs. After, a branch that wrote to an
 // operand, changed what the state watch sees, raised, or returned anything but a
 // tensor or a tuple or list of tensors that agree, has its effects undone (the state
-// through state.fast_failed, which also sends later calls of that function to the
-// general path). The general path then runs the branches again and does what it does
-// with each of those.
-
+// through state.fast_failed, which also sends later calls of its code to the general
+// path). The general path then runs the branches again and does what it does with
+// each of those.
 struct PerExample {
   PyObject* record = nullptr;         // state.fast_record(fn) -> its _Found, or None
   PyObject* failed = nullptr;         // state.fast_failed(found, label, assigned)
@@ -149,9 +150,12 @@ class Hooked {  // the buffer hook in place of torch's, while a branch runs
     ok_ = hook_ != nullptr && key_ != nullptr && PyObject_SetItem(g.buffer_hooks, key_, hook_) == 0;
   }
   ~Hooked() {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);  // the branch's error, if it raised
     if (ok_ && PyObject_DelItem(g.buffer_hooks, key_) < 0) PyErr_Clear();
     Py_XDECREF(hook_);
     Py_XDECREF(key_);
+    PyErr_Restore(type, value, traceback);
   }
   bool ok() const { return ok_; }
 
@@ -175,129 +179,191 @@ PyObject* fall_back(PyObject* record, const char* label, PyObject* assigned) {
   return none();
 }
 
-PyObject* per_example_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "per_example_cond(pred, true_fn, false_fn, operands)");
-    return nullptr;
+// Whether every operand is plain, or batched by vmap level `level` (0: none) over a
+// plain tensor. Another torch.func wrapper (grad's, dead or alive) goes to the general
+// path, which unwraps a dead one.
+bool own_operands(const pybind11::tuple& operands, int64_t level) {
+  for (const auto& operand : operands) {
+    const at::Tensor& t = THPVariable_Unpack(operand.ptr());
+    const auto* batched = at::functorch::maybeGetBatchedImpl(t);
+    if (batched != nullptr ? batched->level() != level || at::functorch::isBatchedTensor(batched->value())
+                           : t.key_set().has_any(kWrapped)) {
+      return false;
+    }
   }
-  if (g.record == nullptr || !THPVariable_CheckExact(args[0]) || !PyFunction_Check(args[1]) ||
-      !PyFunction_Check(args[2]) || !eager_operands(args[3])) {
-    return none();
+  return true;
+}
+
+// What both entry points check of the call around the predicate: no gradient, no
+// forward-AD level, the recorder free, no buffer hooks, no mode, profiler or trace.
+// 1, 0 (the general path), or -1 with a Python error set.
+int plain_call(const at::Tensor& pred) {
+  if (pred.scalar_type() != at::kBool || pred.dim() != 0 || at::GradMode::is_enabled() || !recorder_available() ||
+      PyDict_Size(g.buffer_hooks) != 0) {
+    return 0;
   }
-  try {
-    namespace py = pybind11;
-    const at::Tensor& pred = THPVariable_Unpack(args[0]);
-    const int batched = batched_by_only_level(pred);
-    if (batched <= 0) return batched < 0 ? nullptr : none();
-    if (pred.scalar_type() != at::kBool || pred.dim() != 0 || at::GradMode::is_enabled() || !recorder_available() ||
-        PyDict_Size(g.buffer_hooks) != 0) {
+  const int plain = eager_context(pred);
+  if (plain <= 0) return plain;
+  PyObject* level = PyObject_GetAttr(g.forward_ad, g.level_name);
+  if (level == nullptr) return -1;
+  const long open = PyLong_AsLong(level);
+  Py_DECREF(level);
+  if (open == -1 && PyErr_Occurred()) return -1;
+  return open < 0;  // a forward-AD level differentiates
+}
+
+// Runs both branches and selects, where the callers have checked the call: with the
+// predicate batched at vmap level `level`, or with `level` 0 for no level.
+PyObject* run_both_and_select(PyObject* const* args, const at::Tensor& pred, const pybind11::tuple& operands,
+                              int64_t level) {
+  namespace py = pybind11;
+  const char* labels[2] = {"true_fn", "false_fn"};
+  py::object records[2];
+  for (int k = 0; k < 2; ++k) {
+    records[k] = py::reinterpret_steal<py::object>(PyObject_CallOneArg(g.record, args[1 + k]));
+    if (!records[k]) return nullptr;
+    if (records[k].is_none()) return none();
+  }
+  // Both branches run, each as if untaken (state.every_branch_runs("select")).
+  py::object token = py::reinterpret_steal<py::object>(PyContextVar_Set(g.every_branch, g.select_how));
+  if (!token) return nullptr;
+  struct Reset {
+    PyObject* token;
+    ~Reset() {
+      PyObject *type, *value, *traceback;
+      PyErr_Fetch(&type, &value, &traceback);
+      if (PyContextVar_Reset(g.every_branch, token) < 0) PyErr_Clear();
+      PyErr_Restore(type, value, traceback);
+    }
+  } reset{token.ptr()};
+  py::object outs[2];
+  std::vector<PyObject*> leaves[2];
+  for (int k = 0; k < 2; ++k) {
+    py::list assigned;
+    ObservedRun run{nullptr, false};
+    {
+      Hooked hooked(assigned.ptr());
+      if (!hooked.ok()) return nullptr;
+      run = run_observed(args[1 + k], operands.ptr());
+    }
+    outs[k] = py::reinterpret_steal<py::object>(run.out);
+    if (!outs[k]) {
+      // Only an exception goes to the general path, which raises it again: a
+      // KeyboardInterrupt or SystemExit stops here.
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+      PyErr_Clear();
+      return fall_back(records[k].ptr(), labels[k], assigned.ptr());
+    }
+    py::object probes = records[k].attr("probes"), snapshot = records[k].attr("snapshot");
+    const int same = snapshot_same(probes.ptr(), snapshot.ptr());
+    if (same < 0) return nullptr;
+    if (!run.clean || same == 0 || PyList_GET_SIZE(assigned.ptr()) != 0 || !output_tensors(outs[k].ptr(), leaves[k])) {
+      return fall_back(records[k].ptr(), labels[k], assigned.ptr());
+    }
+  }
+  if (!selectable(outs[0].ptr(), outs[1].ptr(), leaves[0], leaves[1])) return none();
+  // The select. Under vmap it runs below the level, on the batch's own tensors. They
+  // are plain tensors, so leaving out functorch's keys is what setting the level aside
+  // would do.
+  c10::SymInt size;
+  if (level != 0) {
+    const auto* batched = at::functorch::maybeGetBatchedImpl(pred);
+    size = batched->value().sym_size(batched->bdim());
+  }
+  auto own = [&](PyObject* value) {
+    const at::Tensor& t = THPVariable_Unpack(value);
+    return level != 0 ? batch_first(t, level, size) : t;
+  };
+  std::vector<at::Tensor> trues, falses;
+  for (size_t j = 0; j < leaves[0].size(); ++j) {
+    if (leaves[0][j] == leaves[1][j]) continue;
+    trues.push_back(own(leaves[0][j]));
+    falses.push_back(own(leaves[1][j]));
+  }
+  std::vector<at::Tensor> selected;
+  if (!trues.empty()) {
+    const at::Tensor mask = level != 0 ? batch_first(pred, level, size) : pred;
+    static const auto select = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("torchcond::select", "")
+                                   .typed<std::vector<at::Tensor>(const at::Tensor&, at::TensorList, at::TensorList)>();
+    c10::impl::ExcludeDispatchKeyGuard no_level(
+        c10::DispatchKeySet({c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
+                             c10::DispatchKey::FuncTorchDynamicLayerBackMode, c10::DispatchKey::FuncTorchBatched}));
+    at::AutoDispatchBelowAutograd below;
+    try {
+      selected = select.call(mask, trues, falses);
+    } catch (const c10::Error&) {  // the general path explains it
       return none();
     }
-    const int plain = eager_context(pred);
-    if (plain <= 0) return plain < 0 ? nullptr : none();
-    py::object level = py::reinterpret_steal<py::object>(PyObject_GetAttr(g.forward_ad, g.level_name));
-    if (!level) return nullptr;
-    if (PyLong_AsLong(level.ptr()) >= 0) return none();  // a forward-AD level differentiates
-    py::tuple operands = py::reinterpret_steal<py::tuple>(PySequence_Tuple(args[3]));
-    // Operands with the batch or none: another torch.func wrapper (grad's, dead or alive)
-    // goes to the general path, which unwraps a dead one.
-    for (const auto& operand : operands) {
-      const at::Tensor& t = THPVariable_Unpack(operand.ptr());
-      const auto* batched = at::functorch::maybeGetBatchedImpl(t);
-      if (batched != nullptr ? batched->level() != 1 || at::functorch::isBatchedTensor(batched->value())
-                             : t.key_set().has_any(kWrapped)) {
-        return none();
-      }
+  }
+  // The outputs, in the first branch's structure.
+  const Py_ssize_t n = static_cast<Py_ssize_t>(leaves[0].size());
+  auto leaf = [&, next = size_t{0}](Py_ssize_t j) mutable -> PyObject* {
+    if (leaves[0][j] == leaves[1][j]) return Py_NewRef(leaves[0][j]);
+    at::Tensor& value = selected[next++];
+    return THPVariable_Wrap(level != 0 ? at::functorch::addBatchDim(value, 0, level) : value);
+  };
+  if (THPVariable_CheckExact(outs[0].ptr())) return leaf(0);
+  py::object result =
+      py::reinterpret_steal<py::object>(PyTuple_CheckExact(outs[0].ptr()) ? PyTuple_New(n) : PyList_New(n));
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    PyObject* value = leaf(j);
+    if (value == nullptr) return nullptr;
+    if (PyTuple_Check(result.ptr())) {
+      PyTuple_SET_ITEM(result.ptr(), j, value);
+    } else {
+      PyList_SET_ITEM(result.ptr(), j, value);
     }
-    const char* labels[2] = {"true_fn", "false_fn"};
-    py::object records[2];
-    for (int k = 0; k < 2; ++k) {
-      records[k] = py::reinterpret_steal<py::object>(PyObject_CallOneArg(g.record, args[1 + k]));
-      if (!records[k]) return nullptr;
-      if (records[k].is_none()) return none();
+  }
+  return result.release().ptr();
+}
+
+// The checks of the arguments both entry points share; false for the general path.
+bool plain_arguments(PyObject* const* args, Py_ssize_t nargs, const char* signature) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, signature);
+    return false;
+  }
+  return g.record != nullptr && THPVariable_CheckExact(args[0]) && PyFunction_Check(args[1]) &&
+         PyFunction_Check(args[2]) && eager_operands(args[3]);
+}
+
+PyObject* per_example_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (!plain_arguments(args, nargs, "per_example_cond(pred, true_fn, false_fn, operands)")) {
+    return PyErr_Occurred() ? nullptr : none();
+  }
+  try {
+    const at::Tensor& pred = THPVariable_Unpack(args[0]);
+    int ok = batched_by_only_level(pred);
+    if (ok > 0) ok = plain_call(pred);
+    if (ok <= 0) return ok < 0 ? nullptr : none();
+    auto operands = pybind11::reinterpret_steal<pybind11::tuple>(PySequence_Tuple(args[3]));
+    if (!operands) return nullptr;
+    if (!own_operands(operands, 1)) return none();
+    return run_both_and_select(args, pred, operands, 1);
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return nullptr;
+  }
+}
+
+PyObject* select_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (!plain_arguments(args, nargs, "select_cond(pred, true_fn, false_fn, operands)")) {
+    return PyErr_Occurred() ? nullptr : none();
+  }
+  try {
+    const at::Tensor& pred = THPVariable_Unpack(args[0]);
+    // No torch.func level at all: its front key is in this thread's set while one is.
+    if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+        pred.key_set().has_any(kWrapped) || at::functorch::isBatchedTensor(pred)) {
+      return none();
     }
-    // Both branches run, each as if untaken (state.every_branch_runs("select")).
-    py::object token = py::reinterpret_steal<py::object>(PyContextVar_Set(g.every_branch, g.select_how));
-    if (!token) return nullptr;
-    struct Reset {
-      PyObject* token;
-      ~Reset() {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        if (PyContextVar_Reset(g.every_branch, token) < 0) PyErr_Clear();
-        PyErr_Restore(type, value, traceback);
-      }
-    } reset{token.ptr()};
-    py::object outs[2];
-    std::vector<PyObject*> leaves[2];
-    for (int k = 0; k < 2; ++k) {
-      py::list assigned;
-      ObservedRun run{nullptr, false};
-      {
-        Hooked hooked(assigned.ptr());
-        if (!hooked.ok()) return nullptr;
-        run = run_observed(args[1 + k], operands.ptr());
-      }
-      outs[k] = py::reinterpret_steal<py::object>(run.out);
-      if (!outs[k]) {
-        // Only an exception goes to the general path, which raises it again: a
-        // KeyboardInterrupt or SystemExit stops here.
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
-        PyErr_Clear();
-        return fall_back(records[k].ptr(), labels[k], assigned.ptr());
-      }
-      py::object probes = records[k].attr("probes"), snapshot = records[k].attr("snapshot");
-      const int same = snapshot_same(probes.ptr(), snapshot.ptr());
-      if (same < 0) return nullptr;
-      if (!run.clean || same == 0 || PyList_GET_SIZE(assigned.ptr()) != 0 ||
-          !output_tensors(outs[k].ptr(), leaves[k])) {
-        return fall_back(records[k].ptr(), labels[k], assigned.ptr());
-      }
-    }
-    if (!selectable(outs[0].ptr(), outs[1].ptr(), leaves[0], leaves[1])) return none();
-    // The select, below the level, on the batch's own tensors. They are plain tensors,
-    // so leaving out functorch's keys is what setting the level aside would do.
-    const auto* batched_pred = at::functorch::maybeGetBatchedImpl(pred);
-    const int64_t id = batched_pred->level();
-    const c10::SymInt size = batched_pred->value().sym_size(batched_pred->bdim());
-    std::vector<at::Tensor> trues, falses;
-    for (size_t j = 0; j < leaves[0].size(); ++j) {
-      if (leaves[0][j] == leaves[1][j]) continue;
-      trues.push_back(batch_first(THPVariable_Unpack(leaves[0][j]), id, size));
-      falses.push_back(batch_first(THPVariable_Unpack(leaves[1][j]), id, size));
-    }
-    std::vector<at::Tensor> selected;
-    if (!trues.empty()) {
-      const at::Tensor mask = batch_first(pred, id, size);
-      static const auto select =
-          c10::Dispatcher::singleton()
-              .findSchemaOrThrow("torchcond::select", "")
-              .typed<std::vector<at::Tensor>(const at::Tensor&, at::TensorList, at::TensorList)>();
-      c10::impl::ExcludeDispatchKeyGuard no_level(
-          c10::DispatchKeySet({c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
-                               c10::DispatchKey::FuncTorchDynamicLayerBackMode, c10::DispatchKey::FuncTorchBatched}));
-      at::AutoDispatchBelowAutograd below;
-      selected = select.call(mask, trues, falses);
-    }
-    // The outputs, in the first branch's structure.
-    const Py_ssize_t n = static_cast<Py_ssize_t>(leaves[0].size());
-    auto leaf = [&, next = size_t{0}](Py_ssize_t j) mutable -> PyObject* {
-      if (leaves[0][j] == leaves[1][j]) return Py_NewRef(leaves[0][j]);
-      return THPVariable_Wrap(at::functorch::addBatchDim(selected[next++], 0, id));
-    };
-    if (THPVariable_CheckExact(outs[0].ptr())) return leaf(0);
-    py::object result =
-        py::reinterpret_steal<py::object>(PyTuple_CheckExact(outs[0].ptr()) ? PyTuple_New(n) : PyList_New(n));
-    for (Py_ssize_t j = 0; j < n; ++j) {
-      PyObject* value = leaf(j);
-      if (value == nullptr) return nullptr;
-      if (PyTuple_Check(result.ptr())) {
-        PyTuple_SET_ITEM(result.ptr(), j, value);
-      } else {
-        PyList_SET_ITEM(result.ptr(), j, value);
-      }
-    }
-    return result.release().ptr();
+    const int ok = plain_call(pred);
+    if (ok <= 0) return ok < 0 ? nullptr : none();
+    auto operands = pybind11::reinterpret_steal<pybind11::tuple>(PySequence_Tuple(args[3]));
+    if (!operands) return nullptr;
+    if (!own_operands(operands, 0)) return none();
+    return run_both_and_select(args, pred, operands, 0);
   } catch (...) {
     torch::translate_exception_to_python(std::current_exception());
     return nullptr;
@@ -326,6 +392,8 @@ PyObject* per_example_init(PyObject* /*module*/, PyObject* const* args, Py_ssize
 PyMethodDef kMethods[] = {
     {"per_example_cond", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(per_example_cond)), METH_FASTCALL,
      "cond under vmap with a per-example predicate, eagerly, in one call; None for the general path."},
+    {"select_cond", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(select_cond)), METH_FASTCALL,
+     "cond(..., strategy='select'), eagerly with no gradient, in one call; None for the general path."},
     {"per_example_init", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(per_example_init)), METH_FASTCALL,
      "What per_example_cond reads and calls."},
     {nullptr, nullptr, 0, nullptr}};

@@ -213,22 +213,20 @@ PyObject* hook_dict(PyObject* tensor, int k) {
 
 bool has_hooks(PyObject* dict) { return dict != nullptr && PyDict_Check(dict) && PyDict_Size(dict) > 0; }
 
-// A copy of a dict with hooks in it, or None.
+// A copy of a hook dict (an OrderedDict) with hooks in it, or None. Its own methods
+// copy, compare and refill it: the PyDict functions would bypass its order.
 pybind11::object copy_hooks(PyObject* dict) {
   if (!has_hooks(dict)) return pybind11::none();
-  return pybind11::reinterpret_steal<pybind11::object>(PyDict_Copy(dict));
+  return pybind11::reinterpret_borrow<pybind11::object>(dict).attr("copy")();
 }
 
 // Whether `now` holds the hooks of `before` (a copy, or None for none).
 bool same_hooks(const pybind11::object& before, PyObject* now) {
   if (before.is_none()) return !has_hooks(now);
-  if (now == nullptr || !PyDict_Check(now) || PyDict_Size(now) != PyDict_Size(before.ptr())) return false;
-  PyObject *key, *value;
-  Py_ssize_t pos = 0;
-  while (PyDict_Next(before.ptr(), &pos, &key, &value)) {
-    if (PyDict_GetItemWithError(now, key) != value) return false;
-  }
-  return true;
+  if (now == nullptr) return false;
+  const int same = PyObject_RichCompareBool(before.ptr(), now, Py_EQ);
+  if (same < 0) throw pybind11::error_already_set();
+  return same == 1;
 }
 
 // Gives the tensor's hook dict k the hooks in `before` (a copy, or None for none). The
@@ -240,8 +238,9 @@ void put_back_hooks(const pybind11::handle& tensor, int k, const pybind11::objec
     pybind11::setattr(tensor, kHookDicts[k], before);
     return;
   }
-  PyDict_Clear(now);
-  if (!before.is_none() && PyDict_Update(now, before.ptr()) < 0) throw pybind11::error_already_set();
+  pybind11::object dict = pybind11::reinterpret_borrow<pybind11::object>(now);
+  dict.attr("clear")();
+  if (!before.is_none()) dict.attr("update")(before);
 }
 
 class Recorder {

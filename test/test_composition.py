@@ -1051,7 +1051,9 @@ def test_invalid_selector_is_refused(context, selector, op):
 STACKABLE = [k for k in KINDS if k not in ("unbacked", "number")]
 
 
-@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference"])
+@pytest.mark.parametrize(
+    "mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference"]
+)
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("kind", STACKABLE)
 def test_vmap_without_a_gradient_matches_python_if(kind, op, mode):

@@ -232,6 +232,7 @@ def _with_fresh_code(fn):
 
 @SETTINGS
 @given(
+    st.sampled_from(["select", "vmap"]),
     st.sampled_from(list(OUTPUTS)),
     st.booleans(),
     st.booleans(),
@@ -239,12 +240,13 @@ def _with_fresh_code(fn):
     st.sampled_from([torch.no_grad, torch.inference_mode]),
     st.integers(0, 2**16),
 )
-def test_a_per_example_cond_without_gradient_equals_python_if(
-    output, t_writes, f_writes, flags, mode, seed
+def test_every_branch_without_gradient_equals_python_if(
+    how, output, t_writes, f_writes, flags, mode, seed
 ):
     """Without a gradient one C call runs both branches and selects, and hands what it
-    does not cover (writes, numbers, dicts, nesting) to the general path. Either way each
-    example gets what a Python `if` gives it, and the operand its writes."""
+    does not cover (writes, numbers, dicts, nesting) to the general path. Either way the
+    result is what a Python `if` gives (per example under vmap), and so are the
+    operand's writes."""
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(len(flags), 3, generator=g), torch.randn(3, generator=g)
 
@@ -259,15 +261,22 @@ def test_a_per_example_cond_without_gradient_equals_python_if(
         return OUTPUTS[output](x.cos(), x, w, 2.5)
 
     refs = x.clone()
-    expected = [(t if p else f)(row) for p, row in zip(flags, refs)]
+    if how == "select":
+        expected = [t(refs) if flags[0] else f(refs)]
+    else:
+        expected = [(t if p else f)(row) for p, row in zip(flags, refs)]
     # Code the general path took once goes there again (state.fast_record). Fresh code
     # lets each example start in the C call.
     t, f = _with_fresh_code(t), _with_fresh_code(f)
     with mode():
-        out = torch.vmap(lambda p, x: cond(p, t, f, (x,)))(torch.tensor(flags), x)
+        if how == "select":
+            out = cond(torch.tensor(flags[0]), t, f, (x,), strategy="select")
+        else:
+            out = torch.vmap(lambda p, x: cond(p, t, f, (x,)))(torch.tensor(flags), x)
     assert pytree.tree_structure(out) == pytree.tree_structure(expected[0])
     for i, want in enumerate(expected):
         for got, leaf in zip(pytree.tree_leaves(out), pytree.tree_leaves(want)):
             # A number each branch returns its own of comes back as a tensor.
-            torch.testing.assert_close(got[i], torch.as_tensor(leaf, dtype=got.dtype))
+            got = got if how == "select" else got[i]
+            torch.testing.assert_close(got, torch.as_tensor(leaf, dtype=got.dtype))
     torch.testing.assert_close(x, refs)

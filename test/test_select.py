@@ -15,7 +15,7 @@ import pytest
 import torch
 from cuda_emulation import emulation_ops
 
-import torchcond  # noqa: F401  (loads the extension)
+import torchcond
 from torchcond import CondArgumentError, select, select_n
 
 OPS = torch.ops.torchcond
@@ -1409,3 +1409,35 @@ def test_forward_over_reverse(fn):
     assert torch.autograd.gradcheck(
         lambda a: fn(p, a), (a,), check_forward_ad=True, check_backward_ad=True
     )
+
+
+# --- without a gradient, one C call ------------------------------------------------------
+
+
+def test_without_a_gradient_strategy_select_is_one_c_call():
+    # The call api.cond makes; None would mean the general path.
+    x = torch.tensor([1.0, -2.0, 3.0])
+
+    def t(x):
+        return x.sin(), x
+
+    def f(x):
+        return x.cos() * 2, x
+
+    with torch.no_grad():
+        for taken in (True, False):
+            got = torchcond._C.select_cond(torch.tensor(taken), t, f, (x,))
+            assert got[1] is x  # every branch returns it: not selected
+            torch.testing.assert_close(got[0], (t if taken else f)(x)[0])
+        # A predicate with a shape, a builtin branch, and under vmap: the general path.
+        assert torchcond._C.select_cond(torch.tensor([True]), t, f, (x,)) is None
+        assert torchcond._C.select_cond(torch.tensor(True), torch.sin, f, (x,)) is None
+        answers = []
+
+        def under_vmap(x):
+            answers.append(torchcond._C.select_cond(torch.tensor(True), t, f, (x,)))
+            return x
+
+        torch.vmap(under_vmap)(x)
+        assert answers == [None]
+    assert torchcond._C.select_cond(torch.tensor(True), t, f, (x,)) is None  # a gradient

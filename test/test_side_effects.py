@@ -619,13 +619,14 @@ def test_a_change_of_an_operands_autograd_state_is_refused_where_every_branch_ru
 def _every_branch(how: str, t, f, taken: bool, operands):
     """``cond`` run with every branch, and what a Python ``if`` gives: ``"select"`` takes
     ``taken`` for all, ``"vmap"`` over the operands' first dimension takes ``taken`` for
-    the first example and the other branch for the second (``"vmap_no_grad"`` the same
-    under no_grad, where one C call runs both). The reference runs on copies of the
-    operands, returned after its output."""
+    the first example and the other branch for the second (``"select_no_grad"`` and
+    ``"vmap_no_grad"`` the same under no_grad, where one C call runs both). The
+    reference runs on copies of the operands, returned after its output."""
     refs = [o.clone() for o in operands]
-    if how == "select":
+    if how.startswith("select"):
         expected = t(*refs) if taken else f(*refs)
-        out = cond(torch.tensor(taken), t, f, operands, strategy="select")
+        with torch.set_grad_enabled(how == "select"):
+            out = cond(torch.tensor(taken), t, f, operands, strategy="select")
     else:
         flags = [taken, not taken]
         expected = torch.stack(
@@ -636,7 +637,7 @@ def _every_branch(how: str, t, f, taken: bool, operands):
     return out, expected, refs
 
 
-EVERY_BRANCH = pytest.mark.parametrize("how", ["select", "vmap", "vmap_no_grad"])
+EVERY_BRANCH = pytest.mark.parametrize("how", ["select", "vmap", "select_no_grad", "vmap_no_grad"])
 
 
 @EVERY_BRANCH
@@ -670,10 +671,10 @@ def test_a_write_to_a_closure_on_some_calls_is_refused_on_those_calls(how):
         return x + 1
 
     def run(x):
-        if how == "select":
-            return cond(torch.tensor(False), t, torch.sin, (x,), strategy="select")
-        flags = torch.tensor([False, True])
-        with torch.set_grad_enabled(how == "vmap"):
+        with torch.set_grad_enabled(not how.endswith("no_grad")):
+            if how.startswith("select"):
+                return cond(torch.tensor(False), t, lambda x: x.sin(), (x,), strategy="select")
+            flags = torch.tensor([False, True])
             return torch.vmap(lambda p, x: cond(p, t, lambda x: x.sin(), (x,)))(flags, x)
 
     for write[0] in (False, True, False, True):
@@ -727,7 +728,7 @@ def test_a_write_through_a_view_of_a_buffer_operand_lands_where_taken(how):
 
     for taken in (True, False):
         x, buf = torch.ones(2, 3), torch.arange(24.0).view(2, 4, 3)
-        if how == "select":
+        if how.startswith("select"):
             x, buf = x[0], buf[0]
         out, expected, (_, buf_ref) = _every_branch(how, t, f, taken, (x, buf))
         torch.testing.assert_close(out, expected)

@@ -65,6 +65,9 @@ def plain_tensors(values: object, parameters: bool) -> bool: ...
 def per_example_cond(
     pred: object, true_fn: object, false_fn: object, operands: object
 ) -> Any | None: ...
+def select_cond(
+    pred: object, true_fn: object, false_fn: object, operands: object
+) -> Any | None: ...
 def per_example_init(
     record: Callable[..., Any],
     failed: Callable[..., Any],

@@ -54,6 +54,8 @@ _taken_case = _C.taken_case
 # branches and selects (csrc/batching.cpp). It returns None to leave the call to the
 # general path, where the vmap rule (batching.per_example) does the same and the rest.
 _per_example_cond = _C.per_example_cond
+# The same for strategy="select" outside any torch.func transform.
+_select_cond = _C.select_cond
 # Under a profiler, the slow path records the conditional's ranges (``_general_path``).
 _profiling = _compat.profiler_enabled
 # The dynamo path reads only module-level names such as these. A compiled function
@@ -164,6 +166,10 @@ def cond(
                 raise_if_arity_error(error, fn, label, operands)
                 raise
         out = _per_example_cond(pred, true_fn, false_fn, operands)
+        if out is not None:
+            return out
+    elif strategy == "select" and not check_branches:
+        out = _select_cond(pred, true_fn, false_fn, operands)
         if out is not None:
             return out
     return _general_path(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)

@@ -7,7 +7,9 @@ There are three strategies, and one rule chooses between them:
   path in ``api.py`` and in the operators' dense rule.
 * **run every branch, then select** (``"select"``, or vmap with a per-example
   selector). Every branch runs, and one fused select (``select_ops.py``) picks each
-  output element on the device. The host reads nothing.
+  output element on the device. The host reads nothing. Eagerly without a gradient,
+  ``cond`` of two Python functions does this in one C call first
+  (csrc/batching.cpp), which leaves anything else to ``run_all_and_select``.
 * **CUDA graph conditional nodes**. While a CUDA graph captures and no gradient is
   needed, each branch is captured into its own IF node, and the device picks.
 
