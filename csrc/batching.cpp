@@ -124,22 +124,17 @@ bool output_tensors(PyObject* out, std::vector<PyObject*>& leaves) {
   return true;
 }
 
-// Whether two outputs can be selected: the same structure, and leaves of one dtype,
-// device and shape, dense. Leaves that are one tensor need no select.
-bool selectable(PyObject* a, PyObject* b, const std::vector<PyObject*>& as, const std::vector<PyObject*>& bs) {
-  if (Py_TYPE(a) != Py_TYPE(b) || as.size() != bs.size()) return false;
-  for (size_t j = 0; j < as.size(); ++j) {
-    if (as[j] == bs[j]) continue;
-    const at::Tensor& x = THPVariable_Unpack(as[j]);
-    const at::Tensor& y = THPVariable_Unpack(bs[j]);
-    if (x.layout() != at::kStrided || y.layout() != at::kStrided || x.is_quantized() || y.is_quantized() ||
-        x.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
-        y.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || x.scalar_type() != y.scalar_type() ||
-        x.device() != y.device() || !x.sizes().equals(y.sizes())) {
-      return false;
-    }
+// Whether two outputs can be selected: the same structure, and leaves that agree as
+// merge.check_agreement's common case, shapes included. 1, 0, or -1 with a Python error.
+int selectable(PyObject* a, PyObject* b, const std::vector<PyObject*>& as, const std::vector<PyObject*>& bs) {
+  if (Py_TYPE(a) != Py_TYPE(b) || as.size() != bs.size()) return 0;
+  pybind11::list outputs;
+  for (const auto* leaves : {&as, &bs}) {
+    pybind11::tuple tuple(leaves->size());
+    for (size_t j = 0; j < leaves->size(); ++j) tuple[j] = pybind11::reinterpret_borrow<pybind11::object>((*leaves)[j]);
+    outputs.append(tuple);
   }
-  return true;
+  return outputs_agree(outputs.ptr(), true);
 }
 
 class Hooked {  // the buffer hook in place of torch's, while a branch runs
@@ -261,7 +256,8 @@ PyObject* run_both_and_select(PyObject* const* args, const at::Tensor& pred, con
       return fall_back(records[k].ptr(), labels[k], assigned.ptr());
     }
   }
-  if (!selectable(outs[0].ptr(), outs[1].ptr(), leaves[0], leaves[1])) return none();
+  const int agree = selectable(outs[0].ptr(), outs[1].ptr(), leaves[0], leaves[1]);
+  if (agree <= 0) return agree < 0 ? nullptr : none();
   // The select. Under vmap it runs below the level, on the batch's own tensors. They
   // are plain tensors, so leaving out functorch's keys is what setting the level aside
   // would do.

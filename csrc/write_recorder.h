@@ -20,6 +20,9 @@ void bind_watch(pybind11::module& m);
 int snapshot_same(PyObject* probes, PyObject* snapshot);
 // A tuple or list of tensors that are exactly torch.Tensor (eager.cpp).
 bool eager_operands(PyObject* operands);
+// plainly_agree(outputs, shapes), merge.check_agreement's common case in C: 1, 0, or
+// -1 with a Python error set (eager.cpp).
+int outputs_agree(PyObject* outputs, bool shapes);
 // 1 where no mode, profiler or torch.jit trace is active (nor a CUDA graph capture on
 // the selector's device); 0 otherwise; -1 with a Python error set (eager.cpp).
 int eager_context(const at::Tensor& selector);
