@@ -314,56 +314,47 @@ PyObject* run_both_and_select(PyObject* const* args, const at::Tensor& pred, con
   return result.release().ptr();
 }
 
-// The checks of the arguments both entry points share; false for the general path.
-bool plain_arguments(PyObject* const* args, Py_ssize_t nargs, const char* signature) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, signature);
-    return false;
-  }
-  return g.record != nullptr && THPVariable_CheckExact(args[0]) && PyFunction_Check(args[1]) &&
-         PyFunction_Check(args[2]) && eager_operands(args[3]);
+// Whether the predicate is where an entry point wants it: batched by the only
+// torch.func level (`level` 1), or outside any level (`level` 0, where functorch's front
+// key is in this thread's set while a level is active). 1, 0, or -1 with an error set.
+int at_level(const at::Tensor& pred, int64_t level) {
+  if (level != 0) return batched_by_only_level(pred);
+  return !c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) &&
+         !pred.key_set().has_any(kWrapped) && !at::functorch::isBatchedTensor(pred);
 }
 
-PyObject* per_example_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (!plain_arguments(args, nargs, "per_example_cond(pred, true_fn, false_fn, operands)")) {
-    return PyErr_Occurred() ? nullptr : none();
+// Both entry points: check the call for `level` (see at_level), then run both branches
+// and select. None for the general path.
+PyObject* one_call(PyObject* const* args, Py_ssize_t nargs, const char* signature, int64_t level) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, signature);
+    return nullptr;
+  }
+  if (g.record == nullptr || !THPVariable_CheckExact(args[0]) || !PyFunction_Check(args[1]) ||
+      !PyFunction_Check(args[2]) || !eager_operands(args[3])) {
+    return none();
   }
   try {
     const at::Tensor& pred = THPVariable_Unpack(args[0]);
-    int ok = batched_by_only_level(pred);
+    int ok = at_level(pred, level);
     if (ok > 0) ok = plain_call(pred);
     if (ok <= 0) return ok < 0 ? nullptr : none();
     auto operands = pybind11::reinterpret_steal<pybind11::tuple>(PySequence_Tuple(args[3]));
     if (!operands) return nullptr;
-    if (!own_operands(operands, 1)) return none();
-    return run_both_and_select(args, pred, operands, 1);
+    if (!own_operands(operands, level)) return none();
+    return run_both_and_select(args, pred, operands, level);
   } catch (...) {
     torch::translate_exception_to_python(std::current_exception());
     return nullptr;
   }
 }
 
+PyObject* per_example_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  return one_call(args, nargs, "per_example_cond(pred, true_fn, false_fn, operands)", 1);
+}
+
 PyObject* select_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (!plain_arguments(args, nargs, "select_cond(pred, true_fn, false_fn, operands)")) {
-    return PyErr_Occurred() ? nullptr : none();
-  }
-  try {
-    const at::Tensor& pred = THPVariable_Unpack(args[0]);
-    // No torch.func level at all: its front key is in this thread's set while one is.
-    if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
-        pred.key_set().has_any(kWrapped) || at::functorch::isBatchedTensor(pred)) {
-      return none();
-    }
-    const int ok = plain_call(pred);
-    if (ok <= 0) return ok < 0 ? nullptr : none();
-    auto operands = pybind11::reinterpret_steal<pybind11::tuple>(PySequence_Tuple(args[3]));
-    if (!operands) return nullptr;
-    if (!own_operands(operands, 0)) return none();
-    return run_both_and_select(args, pred, operands, 0);
-  } catch (...) {
-    torch::translate_exception_to_python(std::current_exception());
-    return nullptr;
-  }
+  return one_call(args, nargs, "select_cond(pred, true_fn, false_fn, operands)", 0);
 }
 
 // per_example_init(record, failed, every_branch, buffer_hooks, missing, forward_ad,

@@ -229,11 +229,7 @@ bool eager_operands(PyObject* operands) { return plain_operands(operands); }
 
 int outputs_agree(PyObject* outputs, bool shapes) {
   PyObject* args[2] = {outputs, shapes ? Py_True : Py_False};
-  PyObject* result = plainly_agree(nullptr, args, 2);
-  if (result == nullptr) return -1;
-  const int agree = result == Py_True;
-  Py_DECREF(result);
-  return agree;
+  return truth(plainly_agree(nullptr, args, 2));
 }
 
 int eager_context(const at::Tensor& selector) { return plain_context(selector); }

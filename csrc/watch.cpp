@@ -228,11 +228,7 @@ PyMethodDef kMethods[] = {
 
 int snapshot_same(PyObject* probes, PyObject* snapshot) {
   PyObject* args[2] = {probes, snapshot};
-  PyObject* result = watch_same(nullptr, args, 2);
-  if (result == nullptr) return -1;
-  const int same = result == Py_True;
-  Py_DECREF(result);
-  return same;
+  return truth(watch_same(nullptr, args, 2));
 }
 
 void bind_watch(pybind11::module& m) {

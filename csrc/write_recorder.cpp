@@ -536,6 +536,30 @@ void stop_observing(Recorder& r) {
   c10::impl::tls_set_dispatch_key_excluded(kKey, r.was_excluded);
 }
 
+// One branch: fn(*args) while `r` observes, with the autograd state of each args[i]
+// where real[i] held and put back. `out` is a new reference, or nullptr with the
+// branch's error set; `kept` is false where the branch changed that state (the
+// refusal is recorded).
+struct BranchRun {
+  PyObject* out;
+  bool kept;
+};
+
+BranchRun run_held(Recorder& r, PyObject* fn, PyObject* args, const std::vector<bool>& real) {
+  r.hold(pybind11::reinterpret_borrow<pybind11::tuple>(args), real);
+  observe(r);
+  PyObject* out = PyObject_Call(fn, args, nullptr);
+  stop_observing(r);
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // put_back may run Python code
+  const bool kept = r.put_back();
+  PyErr_Restore(type, value, traceback);
+  return {out, kept};
+}
+
+// The error write_guard.py raises a changed autograd state's refusal from.
+constexpr const char* kStateRefused = "torchcond: a change of an operand's autograd state refused";
+
 pybind11::object as_tuple(const std::optional<Refusal>& r) {
   if (!r) return pybind11::none();
   return pybind11::make_tuple(r->operand, r->op, r->shape, r->why);
@@ -566,35 +590,25 @@ PyObject* run_recorded(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
     const int64_t start = PyLong_AsLongLong(a[3]);
     py::list outputs;
     const int64_t num_branches = static_cast<int64_t>(py::len(branches));
+    auto stopped = [&](int64_t k, py::object error) {
+      return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership), error)
+          .release()
+          .ptr();
+    };
     for (int64_t k = start; k < num_branches; ++k) {
       py::object branch = branches[k];
-      recorder->hold(py::reinterpret_borrow<py::tuple>(args), every);
-      observe(*recorder);
-      PyObject* out = PyObject_Call(branch.ptr(), args, nullptr);
-      stop_observing(*recorder);
-      if (out == nullptr) {
+      const BranchRun run = run_held(*recorder, branch.ptr(), args, every);
+      if (run.out == nullptr) {
         py::error_already_set error;
-        recorder->put_back();
-        return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership),
-                              error.value())
-            .release()
-            .ptr();
+        return stopped(k, error.value());
       }
-      py::object result = py::reinterpret_steal<py::object>(out);
-      if (!recorder->put_back()) {  // write_guard.py raises the refusal from this error
-        py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(
-            PyExc_RuntimeError, "s", "torchcond: a change of an operand's autograd state refused"));
-        return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership), error)
-            .release()
-            .ptr();
+      py::object result = py::reinterpret_steal<py::object>(run.out);
+      if (!run.kept) {
+        return stopped(
+            k, py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", kStateRefused)));
       }
       outputs.append(py::tuple(result));
-      if (recorder->wrote()) {
-        return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership),
-                              py::none())
-            .release()
-            .ptr();
-      }
+      if (recorder->wrote()) return stopped(k, py::none());
     }
     return py::make_tuple(outputs, -1, py::none(), py::none()).release().ptr();
   } catch (...) {
@@ -614,21 +628,20 @@ bool recorder_available() { return key_available(); }
 
 ObservedRun run_observed(PyObject* branch, PyObject* args) {
   std::vector<std::optional<at::Tensor>> bases;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
     bases.emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)));
+  }
   const std::vector<bool> every(bases.size(), true);
   Recorder recorder(std::move(bases), std::vector<bool>(every.size(), false));
-  recorder.hold(pybind11::reinterpret_borrow<pybind11::tuple>(args), every);
-  observe(recorder);
-  PyObject* out = PyObject_Call(branch, args, nullptr);
-  stop_observing(recorder);
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);  // put_back may run Python code
-  const bool kept = recorder.put_back();
-  const bool clean = kept && !recorder.wrote();
-  if (!clean) recorder.undo();
-  PyErr_Restore(type, value, traceback);
-  return {out, clean};
+  const BranchRun run = run_held(recorder, branch, args, every);
+  const bool clean = run.kept && !recorder.wrote();
+  if (!clean) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    recorder.undo();
+    PyErr_Restore(type, value, traceback);
+  }
+  return {run.out, clean};
 }
 
 void bind_write_recorder(pybind11::module& m) {
@@ -641,23 +654,10 @@ void bind_write_recorder(pybind11::module& m) {
           "run",
           [](Recorder& r, py::handle fn, py::handle args, const std::vector<bool>& real) {
             py::tuple call_args = py::tuple(py::reinterpret_borrow<py::object>(args));
-            r.hold(call_args, real);
-            PyObject* out = nullptr;
-            {
-              observe(r);
-              struct Stop {
-                Recorder& r;
-                ~Stop() { stop_observing(r); }
-              } stop{r};
-              out = PyObject_Call(fn.ptr(), call_args.ptr(), nullptr);
-            }
-            if (out == nullptr) {
-              py::error_already_set error;
-              r.put_back();
-              throw error;
-            }
-            py::object result = py::reinterpret_steal<py::object>(out);
-            TORCH_CHECK(r.put_back(), "torchcond: a change of an operand's autograd state refused");
+            const BranchRun run = run_held(r, fn.ptr(), call_args.ptr(), real);
+            if (run.out == nullptr) throw py::error_already_set();
+            py::object result = py::reinterpret_steal<py::object>(run.out);
+            TORCH_CHECK(run.kept, kStateRefused);
             return py::make_tuple(py::tuple(result), r.wrote());
           },
           "hold(args, real); observe(); tuple(fn(*args)); stop(); put_back(). Returns that tuple and "

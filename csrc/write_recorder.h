@@ -16,6 +16,15 @@ void bind_watch(pybind11::module& m);
 
 // What the vmap rule's C++ (batching.cpp) shares with the files above.
 
+// 1 for True, 0 for anything else, -1 for nullptr (a Python error set). Takes the
+// reference to `result`, a bool function's return value.
+inline int truth(PyObject* result) {
+  if (result == nullptr) return -1;
+  const int yes = result == Py_True;
+  Py_DECREF(result);
+  return yes;
+}
+
 // watch_same(probes, snapshot): 1, 0, or -1 with a Python error set (watch.cpp).
 int snapshot_same(PyObject* probes, PyObject* snapshot);
 // A tuple or list of tensors that are exactly torch.Tensor (eager.cpp).
