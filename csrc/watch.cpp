@@ -4,7 +4,7 @@
 //
 // A probe is a tuple (kind, object) or (kind, object, key); its snapshot is the
 // object's contents as identities, read without running Python code except where a
-// set's membership test hashes or compares an item:
+// set's membership test hashes or compares an item, or a tensor's hooks are copied:
 //   kAttr (0, obj, name): getattr(obj, name), or a sentinel on AttributeError;
 //   kItem (1, dict, key): dict.get(key), or the sentinel;
 //   kCell (2, cell): its contents, or the sentinel for an empty cell;
@@ -12,7 +12,9 @@
 //   kList (4, list): its items, in order;
 //   kSet (5, set): its items (compared as `len(now) == len(before) and all(v in before
 //     for v in now)`, as state._same_contents compares sets);
-//   kType (6, obj): type(obj).
+//   kType (6, obj): type(obj);
+//   kTensor (7, tensor): its autograd state (requires_grad, .grad, hooks, what .data
+//     is), held by a torchcond._C.AutogradHold (write_recorder.cpp).
 // watch_same never says "the same" where anything differs by identity; it may say
 // "changed" where a dict's keys were merely reordered (the caller then looks closer).
 #include <torch/csrc/utils/pybind.h>
@@ -22,7 +24,7 @@
 namespace torchcond {
 namespace {
 
-enum Kind : long { kAttr = 0, kItem = 1, kCell = 2, kDict = 3, kList = 4, kSet = 5, kType = 6 };
+enum Kind : long { kAttr = 0, kItem = 1, kCell = 2, kDict = 3, kList = 4, kSet = 5, kType = 6, kTensor = 7 };
 
 // What a probe read where there is nothing: a missing attribute, key or cell content.
 PyObject* missing() {
@@ -94,6 +96,7 @@ PyObject* read(PyObject* probe) {
       if (!PySet_Check(object)) break;
       return PyFrozenSet_New(object);
     case kType: return Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(object)));
+    case kTensor: return hold_autograd_state(object);
     default: break;
   }
   PyErr_Format(PyExc_TypeError, "a watch probe of kind %ld does not fit its object (%s)", kind,
@@ -154,6 +157,7 @@ int same(PyObject* probe, PyObject* before) {
       return result;
     }
     case kType: return reinterpret_cast<PyObject*>(Py_TYPE(object)) == before;
+    case kTensor: return autograd_state_same(before);
     default: {  // kAttr
       PyObject* value = read(probe);
       if (value == nullptr) return -1;

@@ -162,46 +162,8 @@ bool within_elements(const at::Tensor& inner, const at::Tensor& outer) {
   });
 }
 
-// An operand's autograd state, as hold() found it. Attributes set it, not ops.
-struct Held {
-  int64_t operand;
-  pybind11::object tensor;
-  bool requires_grad;
-  at::Tensor grad;
-  pybind11::object hooks[2];  // copies of the tensor's hook dicts with any hooks, or None
-  // What .data is, which `x.data = y` changes without an op. Held for a strided tensor
-  // with concrete sizes.
-  bool held = false;
-  c10::Storage storage;
-  int64_t offset = 0;
-  c10::SmallVector<int64_t, 5> sizes, strides;
-  at::ScalarType dtype = at::kFloat;
-
-  void hold_data(const at::Tensor& t) {
-    if (t.layout() != at::kStrided || !concrete(t)) return;
-    held = true;
-    storage = t.unsafeGetTensorImpl()->unsafe_storage();
-    offset = t.storage_offset();
-    sizes.assign(t.sizes().begin(), t.sizes().end());
-    strides.assign(t.strides().begin(), t.strides().end());
-    dtype = t.scalar_type();
-  }
-
-  bool same_data(const at::Tensor& t) const {
-    return !held ||
-           (t.layout() == at::kStrided && concrete(t) && t.scalar_type() == dtype &&
-            t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == storage.unsafeGetStorageImpl() &&
-            t.storage_offset() == offset && t.sizes().equals(sizes) && t.strides().equals(strides));
-  }
-
-  void put_back_data(const at::Tensor& t) const {
-    at::Tensor data = at::empty({0}, t.options().dtype(dtype));
-    data.set_(storage, offset, sizes, strides);
-    t.set_data(data);
-  }
-};
-
 constexpr const char* kHookDicts[2] = {"_backward_hooks", "_post_accumulate_grad_hooks"};
+constexpr const char* kHookMethods[2] = {"register_hook", "register_post_accumulate_grad_hook"};
 
 // The tensor's hook dict: tensor._backward_hooks (k = 0) or
 // tensor._post_accumulate_grad_hooks (k = 1), read from the Python object's fields
@@ -243,6 +205,94 @@ void put_back_hooks(const pybind11::handle& tensor, int k, const pybind11::objec
   if (!before.is_none()) dict.attr("update")(before);
 }
 
+// A tensor's autograd state, which attributes set and no op shows: requires_grad,
+// .grad, its hook dicts and what .data is (`x.data = y`). Held before a branch runs,
+// compared and put back after it.
+class AutogradHold {
+ public:
+  explicit AutogradHold(pybind11::object tensor) : tensor_(std::move(tensor)) {
+    const at::Tensor& t = THPVariable_Unpack(tensor_.ptr());
+    requires_grad_ = t.requires_grad();
+    grad_ = t.unsafeGetTensorImpl()->grad();
+    for (int k = 0; k < 2; ++k) hooks_[k] = copy_hooks(hook_dict(tensor_.ptr(), k));
+    if (!has_data(t)) return;
+    data_held_ = true;
+    storage_ = t.unsafeGetTensorImpl()->unsafe_storage();
+    offset_ = t.storage_offset();
+    sizes_.assign(t.sizes().begin(), t.sizes().end());
+    strides_.assign(t.strides().begin(), t.strides().end());
+    dtype_ = t.scalar_type();
+  }
+
+  const pybind11::object& tensor() const { return tensor_; }
+
+  // What the branch changed, as the attribute or method that changes it, or nullptr.
+  const char* changed() const {
+    const at::Tensor& t = THPVariable_Unpack(tensor_.ptr());
+    if (t.requires_grad() != requires_grad_) return "requires_grad_";
+    if (!same_data(t)) return ".data =";
+    if (!t.unsafeGetTensorImpl()->grad().is_same(grad_)) return ".grad =";
+    for (int k = 0; k < 2; ++k) {
+      if (!same_hooks(hooks_[k], hook_dict(tensor_.ptr(), k))) return kHookMethods[k];
+    }
+    return nullptr;
+  }
+
+  // Puts back what changed. Returns what changed last, as changed() names it, or nullptr.
+  const char* put_back() const {
+    const at::Tensor& t = THPVariable_Unpack(tensor_.ptr());
+    const char* what = nullptr;
+    for (int k = 1; k >= 0; --k) {
+      if (same_hooks(hooks_[k], hook_dict(tensor_.ptr(), k))) continue;
+      what = kHookMethods[k];
+      put_back_hooks(tensor_, k, hooks_[k]);
+    }
+    if (!t.unsafeGetTensorImpl()->grad().is_same(grad_)) {
+      what = ".grad =";
+      t.mutable_grad() = grad_;
+    }
+    if (!same_data(t)) {
+      what = ".data =";
+      // No op of the branch, nor of a trace's mode: the tensor is put back as it was.
+      c10::impl::ExcludeDispatchKeyGuard not_mine(
+          c10::DispatchKeySet({kKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+      at::NoGradGuard no_grad;
+      at::Tensor data = at::empty({0}, t.options().dtype(dtype_));
+      data.set_(storage_, offset_, sizes_, strides_);
+      t.set_data(data);
+    }
+    if (t.requires_grad() != requires_grad_) {
+      what = "requires_grad_";
+      t.set_requires_grad(requires_grad_);
+    }
+    return what;
+  }
+
+ private:
+  // Whether .data is held for `t`: a strided tensor with storage (no functorch
+  // wrapper) and concrete sizes.
+  static bool has_data(const at::Tensor& t) {
+    return t.layout() == at::kStrided && concrete(t) && t.unsafeGetTensorImpl()->has_storage();
+  }
+
+  bool same_data(const at::Tensor& t) const {
+    return !data_held_ ||
+           (has_data(t) && t.scalar_type() == dtype_ &&
+            t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == storage_.unsafeGetStorageImpl() &&
+            t.storage_offset() == offset_ && t.sizes().equals(sizes_) && t.strides().equals(strides_));
+  }
+
+  pybind11::object tensor_;
+  bool requires_grad_;
+  at::Tensor grad_;
+  pybind11::object hooks_[2];  // copies of the tensor's hook dicts with any hooks, or None
+  bool data_held_ = false;
+  c10::Storage storage_;
+  int64_t offset_ = 0;
+  c10::SmallVector<int64_t, 5> sizes_, strides_;
+  at::ScalarType dtype_ = at::kFloat;
+};
+
 class Recorder {
  public:
   Recorder(std::vector<std::optional<at::Tensor>> bases, std::vector<bool> refuse_grad)
@@ -265,14 +315,7 @@ class Recorder {
     for (size_t i = 0; i < real.size() && i < args.size(); ++i) {
       if (!real[i]) continue;
       pybind11::object t = args[i];
-      if (!THPVariable_Check(t.ptr())) continue;
-      const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
-      held_.push_back(Held{static_cast<int64_t>(i),
-                           t,
-                           tensor.requires_grad(),
-                           tensor.unsafeGetTensorImpl()->grad(),
-                           {copy_hooks(hook_dict(t.ptr(), 0)), copy_hooks(hook_dict(t.ptr(), 1))}});
-      held_.back().hold_data(tensor);
+      if (THPVariable_Check(t.ptr())) held_.emplace_back(static_cast<int64_t>(i), AutogradHold(t));
     }
   }
 
@@ -280,31 +323,12 @@ class Recorder {
   // recorded, if it changed any.
   bool put_back() {
     std::optional<Refusal> changed;
-    for (Held& h : held_) {
-      const at::Tensor& tensor = THPVariable_Unpack(h.tensor.ptr());
-      const char* what = nullptr;
-      for (int k = 1; k >= 0; --k) {
-        if (same_hooks(h.hooks[k], hook_dict(h.tensor.ptr(), k))) continue;
-        what = k == 0 ? "register_hook" : "register_post_accumulate_grad_hook";
-        put_back_hooks(h.tensor, k, h.hooks[k]);
-      }
-      if (!tensor.unsafeGetTensorImpl()->grad().is_same(h.grad)) {
-        what = ".grad =";
-        tensor.mutable_grad() = h.grad;
-      }
-      if (!h.same_data(tensor)) {
-        what = ".data =";
-        c10::impl::ExcludeDispatchKeyGuard not_mine(kKey);  // no op of the branch
-        at::NoGradGuard no_grad;
-        h.put_back_data(tensor);
-      }
-      if (tensor.requires_grad() != h.requires_grad) {
-        what = "requires_grad_";
-        tensor.set_requires_grad(h.requires_grad);
-      }
+    for (const auto& [operand, hold] : held_) {
+      const char* what = hold.put_back();
       if (what != nullptr && !changed) {
+        const at::Tensor& tensor = THPVariable_Unpack(hold.tensor().ptr());
         changed =
-            Refusal{h.operand, what, concrete(tensor) ? tensor.sizes().vec() : std::vector<int64_t>{}, kAutogradState};
+            Refusal{operand, what, concrete(tensor) ? tensor.sizes().vec() : std::vector<int64_t>{}, kAutogradState};
       }
     }
     held_.clear();
@@ -423,7 +447,7 @@ class Recorder {
   std::unordered_set<StorageId> made_, outside_;
   std::vector<std::pair<int64_t, at::Tensor>> saved_;
   std::optional<Refusal> refusal_;
-  std::vector<Held> held_;
+  std::vector<std::pair<int64_t, AutogradHold>> held_;
   std::vector<bool> open_ = {true};  // by depth - depth: the branch's own calls
 };
 
@@ -626,6 +650,28 @@ PyMethodDef kRecorderMethods[] = {
 
 bool recorder_available() { return key_available(); }
 
+PyObject* hold_autograd_state(PyObject* tensor) {
+  if (!THPVariable_Check(tensor)) {
+    PyErr_Format(PyExc_TypeError, "AutogradHold holds a tensor, not %s", Py_TYPE(tensor)->tp_name);
+    return nullptr;
+  }
+  try {
+    return pybind11::cast(AutogradHold(pybind11::reinterpret_borrow<pybind11::object>(tensor))).release().ptr();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return nullptr;
+  }
+}
+
+int autograd_state_same(PyObject* hold) {
+  try {
+    return pybind11::cast<const AutogradHold&>(pybind11::handle(hold)).changed() == nullptr;
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return -1;
+  }
+}
+
 ObservedRun run_observed(PyObject* branch, PyObject* args) {
   std::vector<std::optional<at::Tensor>> bases;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
@@ -646,6 +692,20 @@ ObservedRun run_observed(PyObject* branch, PyObject* args) {
 
 void bind_write_recorder(pybind11::module& m) {
   namespace py = pybind11;
+  auto named = [](const char* what) { return what == nullptr ? std::nullopt : std::optional<std::string>(what); };
+  py::class_<AutogradHold>(m, "AutogradHold")
+      .def(py::init([](py::object t) {
+             TORCH_CHECK_TYPE(THPVariable_Check(t.ptr()), "AutogradHold holds a tensor, not ",
+                              Py_TYPE(t.ptr())->tp_name);
+             return AutogradHold(std::move(t));
+           }),
+           py::arg("tensor"))
+      .def(
+          "changed", [named](const AutogradHold& h) { return named(h.changed()); },
+          "What changed since the hold, as the attribute or method that changes it, or None.")
+      .def(
+          "put_back", [named](const AutogradHold& h) { return named(h.put_back()); },
+          "Put back what changed; returns what changed(), as it was before.");
   py::class_<Recorder>(m, "WriteRecorder")
       .def(py::init<std::vector<std::optional<at::Tensor>>, std::vector<bool>>(), py::arg("bases"),
            py::arg("refuse_grad"))

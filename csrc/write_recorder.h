@@ -45,5 +45,10 @@ struct ObservedRun {
 ObservedRun run_observed(PyObject* branch, PyObject* args);
 // Whether the recorder's dispatch key is free for it in this process.
 bool recorder_available();
+// A new torchcond._C.AutogradHold of `tensor`, or nullptr with a Python error set.
+PyObject* hold_autograd_state(PyObject* tensor);
+// Whether the tensor of `hold` (an AutogradHold) has the state it held: 1, 0, or -1
+// with a Python error set.
+int autograd_state_same(PyObject* hold);
 
 }  // namespace torchcond

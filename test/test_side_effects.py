@@ -613,6 +613,120 @@ def test_a_change_of_an_operands_autograd_state_is_refused_where_every_branch_ru
         assert not x.requires_grad
 
 
+# A tensor that branches name as a global.
+_GLOBAL = torch.ones(3)
+
+
+def _run_every_branch(how: str, t, f, x):
+    """cond(True, t, f) where every branch runs: select with or without a gradient, or
+    a make_fx trace."""
+    p = torch.tensor(True)
+    if how == "trace":
+        return make_fx(lambda p, x: cond(p, t, f, (x,)))(p, x)
+    with torch.set_grad_enabled(how == "select"):
+        return cond(p, t, f, (x,), strategy="select")
+
+
+def _changing(where: str, change: str):
+    """A branch that changes a tensor it closes over (w) or names as a global (_GLOBAL),
+    and that tensor, which requires grad unless the change is requires_grad_."""
+    w = torch.ones(3) if where == "closure" else _GLOBAL
+    w.requires_grad_(change != "requires_grad_")
+    if where == "closure":
+        return (lambda x: STATE_CHANGES[change](w) * x), w
+    return (lambda x: STATE_CHANGES[change](_GLOBAL) * x), w
+
+
+@pytest.mark.parametrize(
+    "change, how",
+    [
+        (change, how)
+        for change in STATE_CHANGES
+        for how in ("select", "select_no_grad", "trace")
+        # With a gradient a branch reads a stand-in of a tensor that requires grad
+        # (below).
+        if how != "select" or change == "requires_grad_"
+    ],
+)
+@pytest.mark.parametrize("where", ["closure", "global"])
+def test_a_change_of_a_closed_over_tensors_autograd_state_is_refused_where_every_branch_runs(
+    where, change, how
+):
+    # As for an operand: the untaken branch's change would stay, unlike a Python `if`'s.
+    f, w = _changing(where, change)
+    kept = w.register_hook(lambda g: g * 3) if w.requires_grad else None
+    data = w.data
+    name = "w" if where == "closure" else "_GLOBAL"
+    try:
+        with pytest.raises(
+            BranchMutationError,
+            match=rf"false_fn changes {name}, a tensor outside it, through {re.escape(change)}",
+        ):
+            _run_every_branch(how, lambda x: x * 3, f, torch.ones(3))
+        assert w.grad is None and w.data.data_ptr() == data.data_ptr()
+        torch.testing.assert_close(w.detach(), torch.ones(3))
+        assert w.requires_grad == (change != "requires_grad_")
+        if w.requires_grad:
+            (w * 1).sum().backward()  # only the hook registered before the call runs
+            torch.testing.assert_close(w.grad, torch.full((3,), 3.0))
+    finally:
+        if kept is not None:
+            kept.remove()
+        _GLOBAL.grad = None
+        _GLOBAL.requires_grad_(False)
+
+
+@pytest.mark.parametrize("change", [".grad =", "register_hook", ".data ="])
+def test_a_branch_that_changes_a_closed_over_tensor_needing_a_gradient_changes_its_stand_in(
+    change,
+):
+    # With a gradient, a branch that runs untaken reads a masked stand-in of such a
+    # tensor, so the change stays on the stand-in, as if the branch had not run.
+    f, w = _changing("closure", change)
+    out = _run_every_branch("select", lambda x: x * 3, f, torch.ones(3))
+    torch.testing.assert_close(out, torch.full((3,), 3.0))
+    assert w.grad is None and not w._backward_hooks
+    torch.testing.assert_close(w.detach(), torch.ones(3))
+
+
+def test_an_autograd_hold_names_each_change_and_puts_it_back():
+    from torchcond import _C
+
+    with pytest.raises(TypeError, match="AutogradHold holds a tensor, not list"):
+        _C.AutogradHold([1.0])
+    w = torch.ones(3, requires_grad=True)
+    data = w.data
+    for change, fn in STATE_CHANGES.items():
+        if change == "requires_grad_":
+            continue
+        hold = _C.AutogradHold(w)
+        assert hold.changed() is None
+        fn(w)
+        assert hold.changed() == change and hold.put_back() == change
+        assert hold.changed() is None and w.grad is None and not w._backward_hooks
+        assert not w._post_accumulate_grad_hooks and w.data.data_ptr() == data.data_ptr()
+
+
+def test_a_closed_over_tensors_autograd_state_may_change_between_calls():
+    # The state a branch finds is read anew when it changed outside the conditional.
+    w = torch.ones(3)
+
+    def t(x):
+        return x * w
+
+    for requires_grad in (False, True, False):
+        w.requires_grad_(requires_grad)
+        out = cond(torch.tensor(True), t, lambda x: x * 2, (torch.ones(3),), strategy="select")
+        assert out.requires_grad == requires_grad
+        w.data = torch.full((3,), 2.0)
+        torch.testing.assert_close(
+            cond(torch.tensor(True), t, lambda x: x * 2, (torch.ones(3),), strategy="select"),
+            torch.full((3,), 2.0),
+            check_stride=False,
+        )
+        w.data = torch.ones(3)
+
+
 # --- every branch runs: writes that happen only on some calls, and through views -------
 
 

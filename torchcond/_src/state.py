@@ -11,15 +11,15 @@ tensor operations. So:
   dtype and device.
 * Anything else that a traced program cannot replay raises a ``BranchMutationError``
   that names the attribute or object and the branch. Examples are a tensor attribute
-  that is not a buffer, a rebound parameter, a list the branch appends to, and an int
-  attribute it sets.
+  that is not a buffer, a rebound parameter, a list the branch appends to, an int
+  attribute it sets, and ``w.requires_grad_()`` on a tensor it closes over.
 
 Under dynamo (``torch.compile``, strict export) the changes are dynamo's side
 effects. ``_compat/dynamo.py`` settles them with the rules below. Where a branch is
 traced as Python (``make_fx``, non-strict export), ``run_branch`` watches it. It puts
 a buffer's binding back and writes the new value into the buffer, in the trace. It
 compares the state of the modules, containers and variables that the branch reaches
-before and after the branch runs.
+before and after the branch runs, and the autograd state of the tensors they hold.
 """
 
 from __future__ import annotations
@@ -115,6 +115,16 @@ def refuse_variable(label: str, name: str, value) -> NoReturn:
         f"{label} sets {name}, a variable outside it, to {_found_text(value)}: {_REPLAY}, "
         f"so it cannot rebind variables as only the taken branch would. Instead {fix}, "
         f"or return the value from the branch and set {name} after the call"
+    )
+
+
+def refuse_autograd_state(label: str, name: str, what: str) -> NoReturn:
+    """Raise for a branch that changes, by ``what`` (``requires_grad_``, ``.data =``),
+    the autograd state of ``name``, a tensor it closes over or names as a global."""
+    raise BranchMutationError(
+        f"{label} changes {name}, a tensor outside it, through {what}: {_REPLAY}, and no "
+        "op carries requires_grad, .grad, hooks or .data, so the change would happen "
+        f"whether or not {label} is taken. Change {name} outside the conditional"
     )
 
 
@@ -227,7 +237,7 @@ _MISSING = object()
 
 # Probe kinds for what a branch can reach (torchcond._C.watch_snapshot, csrc/watch.cpp).
 # A probe is a tuple (kind, object[, key]). What it reads is compared by identity.
-_ATTR, _ITEM, _CELL, _DICT, _LIST, _SET, _TYPE = range(7)
+_ATTR, _ITEM, _CELL, _DICT, _LIST, _SET, _TYPE, _TENSOR = range(8)
 
 
 def _contents_probe(value) -> tuple | None:
@@ -659,6 +669,29 @@ class _CellState(_VariableState):
         self.cell.cell_contents = value
 
 
+class _TensorState:
+    """The autograd state of a tensor that a branch closes over or names as a global:
+    requires_grad, .grad, hooks and what .data is, which no op shows."""
+
+    def __init__(self, text: str, tensor: torch.Tensor):
+        self.text, self.tensor = text, tensor
+        self.hold = _C.AutogradHold(tensor)
+
+    def probe(self, probes: list) -> None:
+        probes.append((_TENSOR, self.tensor))
+
+    def changed(self) -> bool:
+        return self.hold.changed() is not None
+
+    def check(self, label: str) -> None:
+        what = self.hold.changed()
+        if what is not None:
+            refuse_autograd_state(label, self.text, what)
+
+    def restore(self) -> None:
+        self.hold.put_back()
+
+
 class _GlobalState(_VariableState):
     """A global that a branch's code names."""
 
@@ -739,7 +772,9 @@ class _Finder:
         # (_Found), so the root gets no type probe.
         if value is not self.fn:
             probes.append((_TYPE, value))
-        if isinstance(value, torch.nn.Module):
+        if isinstance(value, torch.Tensor):
+            self.add(_TensorState(text, value))
+        elif isinstance(value, torch.nn.Module):
             for name, module in value.named_modules():
                 if name == "" or id(module) not in seen:
                     seen.add(id(module))
