@@ -567,6 +567,7 @@ FOUND_BY_THE_MATRIX = [
     "compile-aot_eager|autograd2|ordinary|cond|select",  # double backward gives None
     "compile-aot_eager|autograd2|identity|switch|select",  # the same None as torch.where by hand
     "compile-aot_eager|autograd2|closure_diff|cond|select",  # the same, closed-over y masked by hand
+    "export-nonstrict|vmap|nested|cond|select",  # an inner select's own check read as a closure
     "compile-inductor|none|constant|cond|auto",  # torch.tensor(2.0) in a branch fails to lower
     "export-strict|none|identity|cond|select",  # issue 26's defect 1 through strict export
     "compile-eager|grad|identity|cond|auto",  # an identity branch's gradient, compiled

@@ -386,12 +386,15 @@ class _WriteRecorder(_compat.TorchDispatchMode):
 
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when the tensors under the functorch wrappers of ``a`` and ``b`` share a
-    storage. A tensor without one (sparse, some subclasses) shares none."""
+    storage. A tensor without one (sparse, some subclasses) shares none. No torch
+    function mode sees the check: an enclosing branch's ``StandIns`` would take the
+    unwrapped tensors for tensors that branch reads."""
     a, b = _functorch_base(a), _functorch_base(b)
     if a.layout != torch.strided or b.layout != torch.strided:
         return False
     try:
-        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+        with _compat.torch_function_disabled():
+            return a.untyped_storage()._cdata == b.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError):
         return False
 
