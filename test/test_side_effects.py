@@ -618,12 +618,16 @@ _GLOBAL = torch.ones(3)
 
 
 def _run_every_branch(how: str, t, f, x):
-    """cond(True, t, f) where every branch runs: select with or without a gradient, or
-    a make_fx trace."""
+    """cond(True, t, f) where every branch runs: select with or without a gradient, a
+    make_fx trace, or vmap with a per-example predicate (True, then False)."""
     p = torch.tensor(True)
     if how == "trace":
         return make_fx(lambda p, x: cond(p, t, f, (x,)))(p, x)
-    with torch.set_grad_enabled(how == "select"):
+    with torch.set_grad_enabled(how in ("select", "vmap")):
+        if how.startswith("vmap"):
+            return torch.vmap(lambda p, x: cond(p, t, f, (x,)))(
+                torch.tensor([True, False]), torch.stack([x, x])
+            )
         return cond(p, t, f, (x,), strategy="select")
 
 
@@ -637,32 +641,38 @@ def _changing(where: str, change: str):
     return (lambda x: STATE_CHANGES[change](_GLOBAL) * x), w
 
 
-@pytest.mark.parametrize(
-    "change, how",
-    [
-        (change, how)
-        for change in STATE_CHANGES
-        for how in ("select", "select_no_grad", "trace")
-        # With a gradient a branch reads a stand-in of a tensor that requires grad
-        # (below).
-        if how != "select" or change == "requires_grad_"
-    ],
-)
+def _refusal(label: str, name: str | None, change: str, shape: tuple) -> str:
+    """The start of the refusal of ``label``'s change of a tensor from outside it."""
+    subject = (
+        f"{name}, a tensor outside it,"
+        if name
+        else re.escape(f"a tensor of shape {shape}, torch.float32, on cpu, from outside it,")
+    )
+    return rf"{label} changes {subject} through {re.escape(change)}"
+
+
+@pytest.mark.parametrize("how", ["select", "select_no_grad", "trace"])
+@pytest.mark.parametrize("change", list(STATE_CHANGES))
 @pytest.mark.parametrize("where", ["closure", "global"])
+@pytest.mark.parametrize("taken", [True, False], ids=["taken", "untaken"])
 def test_a_change_of_a_closed_over_tensors_autograd_state_is_refused_where_every_branch_runs(
-    where, change, how
+    taken, where, change, how
 ):
     # As for an operand: the untaken branch's change would stay, unlike a Python `if`'s.
+    # With a gradient, a branch reads a masked stand-in of a tensor that requires grad,
+    # where the taken branch's change would be lost.
     f, w = _changing(where, change)
     kept = w.register_hook(lambda g: g * 3) if w.requires_grad else None
     data = w.data
-    name = "w" if where == "closure" else "_GLOBAL"
+    # Only the watch of the branch's code knows the tensor's name. It sees the change
+    # where the branch reads the tensor itself, not a stand-in.
+    stand_in = how == "select" and w.requires_grad
+    name = None if stand_in else "w" if where == "closure" else "_GLOBAL"
+    label = "true_fn" if taken else "false_fn"
+    branches = (f, lambda x: x * 3) if taken else (lambda x: x * 3, f)
     try:
-        with pytest.raises(
-            BranchMutationError,
-            match=rf"false_fn changes {name}, a tensor outside it, through {re.escape(change)}",
-        ):
-            _run_every_branch(how, lambda x: x * 3, f, torch.ones(3))
+        with pytest.raises(BranchMutationError, match=_refusal(label, name, change, (3,))):
+            _run_every_branch(how, *branches, torch.ones(3))
         assert w.grad is None and w.data.data_ptr() == data.data_ptr()
         torch.testing.assert_close(w.detach(), torch.ones(3))
         assert w.requires_grad == (change != "requires_grad_")
@@ -676,17 +686,66 @@ def test_a_change_of_a_closed_over_tensors_autograd_state_is_refused_where_every
         _GLOBAL.requires_grad_(False)
 
 
-@pytest.mark.parametrize("change", [".grad =", "register_hook", ".data ="])
-def test_a_branch_that_changes_a_closed_over_tensor_needing_a_gradient_changes_its_stand_in(
-    change,
+@pytest.mark.parametrize(
+    "how, change",
+    [
+        (how, change)
+        for how in ("select", "select_no_grad", "trace", "vmap", "vmap_no_grad")
+        for change in STATE_CHANGES
+        # torch.vmap refuses requires_grad_ itself.
+        if not (how.startswith("vmap") and change == "requires_grad_")
+    ],
+)
+@pytest.mark.parametrize("taken", [True, False], ids=["true_fn", "false_fn"])
+def test_a_change_of_a_module_parameters_autograd_state_is_refused_where_every_branch_runs(
+    taken, how, change
 ):
-    # With a gradient, a branch that runs untaken reads a masked stand-in of such a
-    # tensor, so the change stays on the stand-in, as if the branch had not run.
-    f, w = _changing("closure", change)
-    out = _run_every_branch("select", lambda x: x * 3, f, torch.ones(3))
-    torch.testing.assert_close(out, torch.full((3,), 3.0))
-    assert w.grad is None and not w._backward_hooks
-    torch.testing.assert_close(w.detach(), torch.ones(3))
+    # The branch reaches the parameter through a module it closes over, not by a name
+    # of its own, as weight clipping does with lin.weight.data = ...
+    lin = torch.nn.Linear(3, 3)
+    weight = lin.weight
+    weight.requires_grad_(change != "requires_grad_")
+    before = weight.detach().clone()
+    data = weight.data
+
+    def changing(x):
+        return STATE_CHANGES[change](lin.weight)[0] * x
+
+    stand_in = how in ("select", "vmap") and weight.requires_grad
+    label = "true_fn" if taken else "false_fn"
+    branches = (changing, lambda x: x * 3) if taken else (lambda x: x * 3, changing)
+    with pytest.raises(
+        BranchMutationError,
+        match=_refusal(label, None if stand_in else "lin.weight", change, (3, 3)),
+    ):
+        _run_every_branch(how, *branches, torch.ones(3))
+    assert lin.weight is weight and weight.grad is None and not weight._backward_hooks
+    assert not weight._post_accumulate_grad_hooks and weight.data.data_ptr() == data.data_ptr()
+    assert weight.requires_grad == (change != "requires_grad_")
+    torch.testing.assert_close(weight.detach(), before)
+
+
+@pytest.mark.parametrize("change", list(STATE_CHANGES))
+def test_a_taken_branch_changes_a_closed_over_tensors_autograd_state_as_an_if_does(change):
+    # Eagerly a conditional is a Python `if`: only the taken branch runs, and its change stays.
+    lin = torch.nn.Linear(3, 3)
+    lin.weight.requires_grad_(change != "requires_grad_")
+    data = lin.weight.data
+
+    def changing(x):
+        return STATE_CHANGES[change](lin.weight)[0] * x
+
+    for taken in (False, True):
+        cond(torch.tensor(taken), changing, lambda x: x * 3, (torch.ones(3),))
+        changed = (
+            lin.weight.requires_grad
+            if change == "requires_grad_"
+            else lin.weight.grad is not None
+            or bool(lin.weight._backward_hooks)
+            or bool(lin.weight._post_accumulate_grad_hooks)
+            or lin.weight.data.data_ptr() != data.data_ptr()
+        )
+        assert changed == taken
 
 
 def test_an_autograd_hold_names_each_change_and_puts_it_back():

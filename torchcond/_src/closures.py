@@ -385,9 +385,25 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
     return bound
 
 
+# What changes a tensor's autograd state, which no op carries, named as the refusal
+# names it (state.refuse_autograd_state). Checked on torch 2.11-2.15.
+_AUTOGRAD_STATE = {
+    torch.Tensor.data.__set__: ".data =",
+    torch.Tensor.grad.__set__: ".grad =",
+    torch.Tensor.grad.__delete__: "del .grad",
+    torch.Tensor.requires_grad.__set__: ".requires_grad =",
+    torch.Tensor.requires_grad_: "requires_grad_",
+    torch.Tensor.retain_grad: "retain_grad",
+    torch.Tensor.register_hook: "register_hook",
+    torch.Tensor.register_post_accumulate_grad_hook: "register_post_accumulate_grad_hook",
+}
+
+
 class StandIns(torch.overrides.TorchFunctionMode):
     """While active, a branch reads ``stand_in(t)`` in place of each tensor ``t`` it
     closes over. The stand-in is made at the first read. ``stand_in`` may return ``t``.
+    A change of ``t``'s autograd state (``t.grad = g``) would land on the stand-in, so
+    ``changing(t, what)`` is called first, and may raise.
 
     A tensor is closed over when it is neither ``given`` (the branch's inputs) nor
     made under this mode. The branches of a conditional called under it also run under
@@ -401,9 +417,11 @@ class StandIns(torch.overrides.TorchFunctionMode):
         given: Sequence,
         stand_in: Callable[[torch.Tensor], torch.Tensor],
         read_as: Iterable[tuple] = (),
+        changing: Callable[[torch.Tensor, str], None] | None = None,
     ):
         super().__init__()
         self.stand_in = stand_in
+        self.changing = changing
         self.kept = _ByIdentity()
         for t in given:
             if isinstance(t, torch.Tensor):
@@ -427,6 +445,8 @@ class StandIns(torch.overrides.TorchFunctionMode):
             # branch read such properties from tensors that are not its own, such as
             # an operand under its torch.func wrappers.
             return func(*args, **(kwargs or {}))
+        if self.changing is not None and func in _AUTOGRAD_STATE and self._closed_over(args[0]):
+            self.changing(args[0], _AUTOGRAD_STATE[func])
         args, kwargs = pytree.tree_map_only(torch.Tensor, self._swap, (args, kwargs or {}))
         if is_conditional_op(func) and _compat.is_dynamo_compiling():
             # Dynamo refuses a mode that is entered, or that changes its state, inside
@@ -448,11 +468,7 @@ class StandIns(torch.overrides.TorchFunctionMode):
         swapped = self.swapped.get(value)
         if swapped is not None:
             return swapped
-        if self._own(value):
-            return value
-        # A torch.func level's wrapper of a tensor the branch owns is also its own.
-        # Dynamo shows no such wrappers.
-        if not _compat.is_dynamo_compiling() and self._own(_compat.functorch_base(value)):
+        if not self._closed_over(value):
             return value
         stand_in = self.stand_in(value)
         self.swapped.put(value, stand_in)
@@ -461,6 +477,13 @@ class StandIns(torch.overrides.TorchFunctionMode):
 
     def _own(self, value: torch.Tensor) -> bool:
         return self.kept.get(value) is not None or self.made.get(value) is not None
+
+    def _closed_over(self, value: torch.Tensor) -> bool:
+        if self._own(value):
+            return False
+        # A torch.func level's wrapper of a tensor the branch owns is also its own.
+        # Dynamo shows no such wrappers.
+        return _compat.is_dynamo_compiling() or not self._own(_compat.functorch_base(value))
 
     def _within(self, branch):
         # A closure-free graph reads nothing to replace.

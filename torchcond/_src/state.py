@@ -118,13 +118,15 @@ def refuse_variable(label: str, name: str, value) -> NoReturn:
     )
 
 
-def refuse_autograd_state(label: str, name: str, what: str) -> NoReturn:
+def refuse_autograd_state(label: str, what: str, tensor: torch.Tensor, name: str | None) -> NoReturn:
     """Raise for a branch that changes, by ``what`` (``requires_grad_``, ``.data =``),
-    the autograd state of ``name``, a tensor it closes over or names as a global."""
+    the autograd state of ``tensor``, from outside the branch. ``name`` is how the
+    branch names it (``w``, ``self.lin.weight``), or None where no name is known."""
+    subject = f"{name}, a tensor outside it," if name else f"{_tensor_text(tensor)}, from outside it,"
     raise BranchMutationError(
-        f"{label} changes {name}, a tensor outside it, through {what}: {_REPLAY}, and no "
-        "op carries requires_grad, .grad, hooks or .data, so the change would happen "
-        f"whether or not {label} is taken. Change {name} outside the conditional"
+        f"{label} changes {subject} through {what}: {_REPLAY}, and no op carries "
+        "requires_grad, .grad, hooks or .data, so the change cannot land only where "
+        f"{label} is taken. Change {name or 'it'} outside the conditional"
     )
 
 
@@ -670,8 +672,9 @@ class _CellState(_VariableState):
 
 
 class _TensorState:
-    """The autograd state of a tensor that a branch closes over or names as a global:
-    requires_grad, .grad, hooks and what .data is, which no op shows."""
+    """The autograd state of a tensor that a branch closes over, names as a global or
+    reaches as a module's parameter or buffer: requires_grad, .grad, hooks and what
+    .data is, which no op shows."""
 
     def __init__(self, text: str, tensor: torch.Tensor):
         self.text, self.tensor = text, tensor
@@ -686,7 +689,7 @@ class _TensorState:
     def check(self, label: str) -> None:
         what = self.hold.changed()
         if what is not None:
-            refuse_autograd_state(label, self.text, what)
+            refuse_autograd_state(label, what, self.tensor, self.text)
 
     def restore(self) -> None:
         self.hold.put_back()
@@ -779,7 +782,11 @@ class _Finder:
                 if name == "" or id(module) not in seen:
                     seen.add(id(module))
                     probes.append((_TYPE, module))
-                    self.add(_ModuleState(f"{text}.{name}" if name else text, module))
+                    owner = f"{text}.{name}" if name else text
+                    self.add(_ModuleState(owner, module))
+                    for attr, tensor in (*module._parameters.items(), *module._buffers.items()):
+                        if tensor is not None:
+                            self.add(_TensorState(f"{owner}.{attr}", tensor))
         elif isinstance(value, types.MethodType):
             self.visit(value.__self__, "self", depth)
             self.visit(value.__func__, text, depth)

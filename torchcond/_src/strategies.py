@@ -39,7 +39,7 @@ from . import select_ops
 from .closures import StandIns
 from .kinds import ConditionalKind, python_scalar
 from .merge import check_agreement
-from .state import every_branch_runs
+from .state import every_branch_runs, refuse_autograd_state
 from .tracing import written_back
 from .untraced import labelled_inputs, refuse_unexported_in_dynamo, refuse_untraced
 from .write_guard import BranchWrites, needs_grad, shares_storage
@@ -297,7 +297,13 @@ def _closures_masked(
         writes.stand_in(masked)
         return masked
 
-    return StandIns(inputs, stand_in)
+    def changing(t: torch.Tensor, what: str) -> None:
+        # The change would land on the stand-in and be lost, taken or not. A tensor
+        # read as itself changes, and ``run_branch``'s watch refuses that with its name.
+        if guards(t):
+            refuse_autograd_state(label, what, t, None)
+
+    return StandIns(inputs, stand_in, changing=changing)
 
 
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:
