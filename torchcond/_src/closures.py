@@ -19,6 +19,7 @@ read.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 
@@ -388,10 +389,10 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
 # What changes a tensor's autograd state, which no op carries, named as the refusal
 # names it (state.refuse_autograd_state). Checked on torch 2.11-2.15.
 _AUTOGRAD_STATE = {
-    torch.Tensor.data.__set__: ".data =",
-    torch.Tensor.grad.__set__: ".grad =",
-    torch.Tensor.grad.__delete__: "del .grad",
-    torch.Tensor.requires_grad.__set__: ".requires_grad =",
+    inspect.getattr_static(torch.Tensor, "data").__set__: ".data =",
+    inspect.getattr_static(torch.Tensor, "grad").__set__: ".grad =",
+    inspect.getattr_static(torch.Tensor, "grad").__delete__: "del .grad",
+    inspect.getattr_static(torch.Tensor, "requires_grad").__set__: ".requires_grad =",
     torch.Tensor.requires_grad_: "requires_grad_",
     torch.Tensor.retain_grad: "retain_grad",
     torch.Tensor.register_hook: "register_hook",

@@ -118,11 +118,15 @@ def refuse_variable(label: str, name: str, value) -> NoReturn:
     )
 
 
-def refuse_autograd_state(label: str, what: str, tensor: torch.Tensor, name: str | None) -> NoReturn:
+def refuse_autograd_state(
+    label: str, what: str, tensor: torch.Tensor, name: str | None
+) -> NoReturn:
     """Raise for a branch that changes, by ``what`` (``requires_grad_``, ``.data =``),
     the autograd state of ``tensor``, from outside the branch. ``name`` is how the
     branch names it (``w``, ``self.lin.weight``), or None where no name is known."""
-    subject = f"{name}, a tensor outside it," if name else f"{_tensor_text(tensor)}, from outside it,"
+    subject = (
+        f"{name}, a tensor outside it," if name else f"{_tensor_text(tensor)}, from outside it,"
+    )
     raise BranchMutationError(
         f"{label} changes {subject} through {what}: {_REPLAY}, and no op carries "
         "requires_grad, .grad, hooks or .data, so the change cannot land only where "
@@ -271,6 +275,9 @@ class _Found:
         self.probes: list[tuple] = []
         self.states = _reachable(fn, self.probes)
         self.snapshot = _C.watch_snapshot(self.probes)
+        for state in self.states:
+            if type(state) is _TensorState:  # It compares and puts back what the probe held.
+                state.hold = self.snapshot[state.index]
         # The function's own attributes are compared here, not probed. A probe would
         # hold the function, which a kept record may not do (_RECORDS).
         self.root = _root_attributes(fn) if type(fn) is types.FunctionType else None
@@ -678,9 +685,11 @@ class _TensorState:
 
     def __init__(self, text: str, tensor: torch.Tensor):
         self.text, self.tensor = text, tensor
-        self.hold = _C.AutogradHold(tensor)
+        self.index = -1
+        self.hold: Any = None  # The snapshot's _C.AutogradHold of the tensor (``_Found``).
 
     def probe(self, probes: list) -> None:
+        self.index = len(probes)
         probes.append((_TENSOR, self.tensor))
 
     def changed(self) -> bool:
