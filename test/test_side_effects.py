@@ -725,6 +725,55 @@ def test_a_change_of_a_module_parameters_autograd_state_is_refused_where_every_b
     torch.testing.assert_close(weight.detach(), before)
 
 
+class _Holder:
+    """A user object that holds a tensor."""
+
+    def __init__(self, w):
+        self.w = w
+
+
+class _HoldingModule(torch.nn.Module):
+    """A module that holds a tensor as a plain attribute, neither buffer nor parameter."""
+
+    def __init__(self, w):
+        super().__init__()
+        self.w = w
+
+
+# How a branch reaches a tensor that is not a variable of its own: the holder, the
+# tensor in it, and the name the refusal gives it.
+HOLDERS = {
+    "object attribute": (lambda w: _Holder(w), lambda h: h.w, "holder.w"),
+    "module attribute": (lambda w: _HoldingModule(w), lambda h: h.w, "holder.w"),
+    "list item": (lambda w: [torch.zeros(1), w], lambda h: h[1], "holder[1]"),
+    "tuple item": (lambda w: (w,), lambda h: h[0], "holder[0]"),
+    "dict item": (lambda w: {"w": w}, lambda h: h["w"], "holder['w']"),
+    "list in an attribute": (lambda w: _Holder([w]), lambda h: h.w[0], "holder.w[0]"),
+}
+
+
+@pytest.mark.parametrize("how", ["select_no_grad", "trace"])
+@pytest.mark.parametrize("change", [".grad =", "register_hook", ".data ="])
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_a_change_of_a_held_tensors_autograd_state_is_refused_where_every_branch_runs(
+    holder, change, how
+):
+    make, get, name = HOLDERS[holder]
+    w = torch.ones(3, requires_grad=True)
+    data = w.data
+    holder = make(w)
+
+    def changing(x):
+        return STATE_CHANGES[change](get(holder)) * x
+
+    with pytest.raises(
+        BranchMutationError, match=_refusal("false_fn", re.escape(name), change, ())
+    ):
+        _run_every_branch(how, lambda x: x * 3, changing, torch.ones(3))
+    assert w.grad is None and not w._backward_hooks and w.data.data_ptr() == data.data_ptr()
+    torch.testing.assert_close(w.detach(), torch.ones(3))
+
+
 @pytest.mark.parametrize("change", list(STATE_CHANGES))
 def test_a_taken_branch_changes_a_closed_over_tensors_autograd_state_as_an_if_does(change):
     # Eagerly a conditional is a Python `if`: only the taken branch runs, and its change stays.

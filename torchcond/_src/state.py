@@ -745,6 +745,7 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
 
 
 _MAX_DEPTH = 4  # How deep the walk follows functions through closures and globals.
+_SEQUENCES = (list, tuple, dict)
 
 
 def _reachable(fn: Callable, probes: list) -> list:
@@ -791,11 +792,10 @@ class _Finder:
                 if name == "" or id(module) not in seen:
                     seen.add(id(module))
                     probes.append((_TYPE, module))
-                    owner = f"{text}.{name}" if name else text
-                    self.add(_ModuleState(owner, module))
-                    for attr, tensor in (*module._parameters.items(), *module._buffers.items()):
-                        if tensor is not None:
-                            self.add(_TensorState(f"{owner}.{attr}", tensor))
+                    state = _ModuleState(f"{text}.{name}" if name else text, module)
+                    self.add(state)
+                    for held in (module._parameters, module._buffers, state.attrs):
+                        self.hold_attributes(state.text, held)
         elif isinstance(value, types.MethodType):
             self.visit(value.__self__, "self", depth)
             self.visit(value.__func__, text, depth)
@@ -811,7 +811,36 @@ class _Finder:
             for name, part in vars(value).items():  # Such as torchcond's wrappers of a branch.
                 self.visit(part, name, depth + 1)
         elif _user_code(type(value)) and hasattr(value, "__dict__") and not isinstance(value, type):
-            self.add(_ObjectState(text, value))
+            obj = _ObjectState(text, value)
+            self.add(obj)
+            self.hold_attributes(text, obj.attrs)
+        elif isinstance(value, _SEQUENCES):
+            probe = _contents_probe(value)
+            if probe is not None:
+                probes.append(probe)
+            self.hold_items(text, value)
+
+    def hold(self, text: str, tensor: torch.Tensor) -> None:
+        """Watch the autograd state of ``tensor``, which the branch reaches as ``text``."""
+        if id(tensor) not in self.seen:
+            self.seen.add(id(tensor))
+            self.add(_TensorState(text, tensor))
+
+    def hold_attributes(self, owner: str, attrs: dict) -> None:
+        """Watch the tensors among an object's ``attrs``, and in lists, tuples and dicts
+        among them. Their object's state compares the attributes and the containers."""
+        for name, value in attrs.items():
+            if isinstance(value, torch.Tensor):
+                self.hold(f"{owner}.{name}", value)
+            elif isinstance(value, _SEQUENCES):
+                self.hold_items(f"{owner}.{name}", value)
+
+    def hold_items(self, text: str, value) -> None:
+        """Watch the tensors in a list, tuple or dict."""
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(item, torch.Tensor):
+                self.hold(f"{text}[{key!r}]", item)
 
     def visit_function(self, f: types.FunctionType, depth: int) -> None:
         probes = self.probes
