@@ -1239,3 +1239,70 @@ def test_a_written_operand_under_export_matches_python_if():
         expected = _scale_by_written(x, ref) if taken else x.cos()
         torch.testing.assert_close(m(x, buf, torch.tensor(taken)), expected)
         torch.testing.assert_close(buf, ref)
+
+
+# Hooks a branch may register on a tensor from outside it. Each returns nothing.
+HOOKS = {
+    "register_hook": lambda t: t.register_hook(lambda g: g * 100),
+    "register_post_accumulate_grad_hook": lambda t: t.register_post_accumulate_grad_hook(
+        lambda p: None
+    ),
+}
+
+
+@pytest.mark.parametrize("strategy", ["auto", "select"])
+@pytest.mark.parametrize("where", ["closure", "operand", "parameter"])
+@pytest.mark.parametrize("hook", list(HOOKS))
+def test_a_hook_that_a_compiled_branch_registers_is_refused(hook, where, strategy):
+    # Dynamo keeps a subgraph's hook on such a tensor nowhere, so even the taken
+    # branch's hook would be lost, where a Python `if` registers it.
+    lin = torch.nn.Linear(3, 3)
+    w = torch.ones(3, requires_grad=True)
+    x = torch.ones(3, requires_grad=True)
+    held = {"closure": w, "operand": x, "parameter": lin.weight}[where]
+    name = {"closure": "w", "operand": "x", "parameter": "lin.weight"}[where]
+
+    def hooked(x):
+        if where == "closure":
+            HOOKS[hook](w)
+        elif where == "operand":
+            HOOKS[hook](x)
+        else:
+            HOOKS[hook](lin.weight)
+        return x * 2
+
+    f = torch.compile(
+        lambda p, x: cond(p, hooked, lambda x: x * 3, (x,), strategy=strategy),
+        backend="eager",
+        fullgraph=True,
+    )
+    with pytest.raises(
+        BranchMutationError,
+        match=rf"true_fn changes {re.escape(name)}, a tensor outside it, through {hook}",
+    ):
+        f(torch.tensor(True), x)
+    assert not held._backward_hooks and not held._post_accumulate_grad_hooks
+    cond(torch.tensor(True), hooked, lambda x: x * 3, (x,))  # eagerly a Python `if`
+    assert held._backward_hooks or held._post_accumulate_grad_hooks
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_compiled_branch_gives_a_tensor_new_data_as_an_if_does_or_is_refused(backend):
+    # Dynamo's graph runs x.data = y as set_, so only the taken branch's lands. A
+    # functionalized branch has no such op, and the new data would be lost.
+    w = torch.ones(3)
+
+    def clip(x):
+        w.data = w.data.clamp(max=0.5)
+        return x + 1
+
+    f = torch.compile(lambda p, x: cond(p, clip, lambda x: x * 2, (x,)), backend=backend)
+    if backend == "aot_eager":
+        with pytest.raises(Exception, match=r"true_fn gives its input .* new storage in place"):
+            f(torch.tensor(True), torch.ones(3))
+        torch.testing.assert_close(w, torch.ones(3))
+        return
+    f(torch.tensor(False), torch.ones(3))
+    torch.testing.assert_close(w, torch.ones(3))
+    f(torch.tensor(True), torch.ones(3))
+    torch.testing.assert_close(w, torch.full((3,), 0.5))

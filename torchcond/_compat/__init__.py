@@ -688,6 +688,18 @@ def mutated_in_place(value) -> tuple[bool, bool]:
     )
 
 
+def storage_changed(value) -> bool:
+    """Return whether the FunctionalTensor ``value`` was given new storage in place, as
+    ``x.data = y`` and ``x.set_(y)`` do (``torch._functionalize_was_storage_changed``,
+    2.11-2.15)."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    functions: Any = torch
+    return isinstance(value, FunctionalTensor) and functions._functionalize_was_storage_changed(
+        value.elem
+    )
+
+
 # --- fused select fast path ------------------------------------------------------------
 
 

@@ -719,12 +719,14 @@ def _settling_branch(branch, label: str, may_write: bool, state_rules):
             # without them. So the entries that a branch adds are dropped after it.
             signatures = tx.output.signature_cache
             known = dict(signatures)
+            hooks = set(tx.output.side_effects.tensor_hooks)
             try:
                 with _recording(tx, effects):
                     out = self.branch.call_function(tx, args, kwargs)
             finally:
                 signatures.clear()
                 signatures.update(known)
+            _refuse_hooks(tx, hooks, self.label, state_rules)
             _settle(tx, effects, self.label, self.may_write, state_rules)
             return out
 
@@ -732,6 +734,19 @@ def _settling_branch(branch, label: str, may_write: bool, state_rules):
 
 
 _REGISTRY_DICTS = ("_buffers", "_parameters", "_modules")
+
+
+def _refuse_hooks(tx, known: set, label: str, state_rules) -> None:
+    """Refuse a hook that the branch registered. Dynamo keeps a subgraph's hook on a
+    tensor from outside it nowhere, so it would be lost, taken or not. ``known`` holds
+    the keys of ``SideEffects.tensor_hooks`` (torch 2.11-2.15) before the branch."""
+    for key, (tensor, _hook, _handle, what) in tx.output.side_effects.tensor_hooks.items():
+        if key in known:
+            continue
+        try:
+            state_rules.refuse_autograd_state(label, what, _example(tensor), _describe(tensor))
+        except CondError as error:
+            raise compile_time_error(type(error), str(error)) from None
 
 
 def _settle(tx, effects: _BranchEffects, label: str, may_write: bool, state_rules) -> None:
@@ -878,6 +893,8 @@ def _source_text(source) -> str:
     for name in ("local_name", "global_name"):
         if hasattr(source, name):
             return getattr(source, name)
+    if getattr(source, "freevar_name", ""):  # a cell's variable (2.11-2.15)
+        return source.freevar_name
     base = getattr(source, "base", None)
     if base is None:
         return str(source)

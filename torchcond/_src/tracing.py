@@ -219,6 +219,16 @@ def run_collecting_writes(fn: Callable, mode, label: str, args: tuple):
             if not isinstance(wrapper, torch.Tensor):
                 continue
             data, metadata = _compat.mutated_in_place(wrapper)
+            if _compat.storage_changed(wrapper):
+                # A write back would change the old storage, which the input's other
+                # views share, where x.data = y leaves it alone.
+                raise BranchMutationError.at(
+                    "operand",
+                    i,
+                    f"{label} gives its input {{path}} new storage in place (x.data = y, "
+                    "set_), which a traced conditional cannot carry: write the new value "
+                    "into it (x.copy_(y) under torch.no_grad()), or return it",
+                )
             if metadata:
                 raise BranchMutationError.at(
                     "operand",
