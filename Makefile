@@ -63,8 +63,19 @@ demo: install
 
 test: lint cuda-check unit typecheck docs bench-smoke
 
-unit: install
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+# Real consumers of exported programs (ExecuTorch, OpenVINO; test/test_portable.py), on the
+# release ExecuTorch 1.5.1 is built for. There a missing consumer fails the tests
+# (TORCHCOND_REQUIRE_CONSUMERS=1); other releases skip them, named.
+CONSUMERS_TORCH ?= 2.13.0
+CONSUMERS_STAMP := $(VENV)/.torchcond-consumers
+CONSUMERS := $(if $(filter $(TORCH),$(CONSUMERS_TORCH)),$(CONSUMERS_STAMP))
+
+$(CONSUMERS_STAMP): requirements-consumers.txt $(DEPS_STAMP)
+	PIP_CONSTRAINT=/dev/null $(PY) -m pip install -q -r requirements-consumers.txt "$(TORCH_SPEC)"
+	touch $(CONSUMERS_STAMP)
+
+unit: install $(CONSUMERS)
+	$(if $(CONSUMERS),TORCHCOND_REQUIRE_CONSUMERS=1) $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # ruff's linter and formatter, configured in pyproject.toml (`make format` applies
 # what `lint` asks for), no private torch name outside torchcond/_compat/, and

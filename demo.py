@@ -1,14 +1,31 @@
-"""torchcond in five steps: eager, export with a dynamic batch, print, save/load, both branches.
+"""torchcond in six steps: eager, export with a dynamic batch, print, save/load, both
+branches, and a portable program loaded and run in a process without torchcond.
 
 Run with `make demo`.
 """
 
 import io
+import os
+import subprocess
+import sys
+import tempfile
 
 import torch
 from torch.export import Dim, export
 
 from torchcond import cond, switch
+from torchcond.passes import portable
+
+# Run in a fresh process: load the saved program and check that torchcond was never imported.
+WITHOUT_TORCHCOND = """
+import sys, torch
+module = torch.export.load(sys.argv[1]).module()
+inputs, expected = torch.load(sys.argv[2])
+for (x, mode), want in zip(inputs, expected):
+    assert torch.allclose(module(x, mode), want)
+assert "torchcond" not in sys.modules
+print(f"   {len(inputs)} calls match eager; torchcond imported: {'torchcond' in sys.modules}")
+"""
 
 
 class Gate(torch.nn.Module):
@@ -62,6 +79,19 @@ def main():
                 f"   batch={n:4d} mode={m}: cond took {branch:11s} switch took {min(m, 2)}  matches eager: {same}"
             )
             assert same
+
+    print("\n6. portable(ep): torch.ops.higher_order.cond only, run in a process without torchcond")
+    shipped = portable(ep)
+    print(
+        "   operators:",
+        sorted({str(n.target) for n in shipped.graph.nodes if n.op == "call_function"}),
+    )
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        program, data = os.path.join(tmp, "gate.pt2"), os.path.join(tmp, "inputs.pt")
+        torch.export.save(shipped, program)
+        inputs = [(torch.randn(n, 4), torch.tensor(m)) for n, m in [(3, 0), (500, 1), (9, 7)]]
+        torch.save((inputs, [model(x, m) for x, m in inputs]), data)
+        subprocess.run([sys.executable, "-c", WITHOUT_TORCHCOND, program, data], check=True)
 
 
 if __name__ == "__main__":

@@ -356,3 +356,38 @@ def test_kv_torch_cond_parity(kv_package, kv_torch_cond_package):
         torch.testing.assert_close(ours(x, pos), theirs(x, pos))
         for name in ours_buffers:
             torch.testing.assert_close(ours_buffers[name], theirs_buffers[name])
+
+
+# --- selectors read from buffers that the program writes --------------------------------
+
+
+class BufferSelectors(torch.nn.Module):
+    """PyTorch's ``test_cond_predicate_on_cpu``, widened: each conditional reads its
+    selector from a buffer that the program writes after it. A one-element bool flag,
+    a 0-d int flag (cond reads ``flag != 0``) and a one-element int8 index (switch
+    clamps it). The package must read each buffer when it runs, not fold it into a
+    constant at compile time."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("flag", torch.zeros(1, dtype=torch.bool))
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("index", torch.full((1,), -1, dtype=torch.int8))
+
+    def forward(self, x):
+        a = torchcond.cond(self.flag, lambda x: x + 2, lambda x: x + 1, (x,))
+        b = torchcond.cond(self.count, lambda x: x + 2, lambda x: x + 1, (x,))
+        c = torchcond.switch(self.index, [lambda x: x + 1, lambda x: x + 2, lambda x: x + 3], (x,))
+        self.flag.fill_(True)
+        self.count.add_(1)
+        self.index.add_(1)
+        return a, b, c
+
+
+def test_package_reads_buffer_selectors_when_it_runs(tmp_path):
+    eager = BufferSelectors()
+    expected = [[float(t[0]) for t in eager(torch.zeros(3))] for _ in range(4)]
+    assert expected == [[1, 1, 1], [2, 2, 2], [2, 2, 3], [2, 2, 3]]
+    path = deploy(BufferSelectors(), (torch.zeros(3),), None, tmp_path)
+    run = load(path)
+    assert [[float(t[0]) for t in run(torch.zeros(3))] for _ in range(4)] == expected

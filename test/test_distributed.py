@@ -580,12 +580,11 @@ def test_dtensor_predicate_not_replicated_is_refused(dtensor_eager):
         assert kind == "CondArgumentError"
         assert "argument 'pred' is a DTensor placed as (Partial(sum),)" in message
         assert "pred.full_tensor()" in message
-        # A one-element predicate sharded over the ranks: DTensor refuses the view that
-        # makes it a scalar (torch 2.13 to 2.15), or gathers it first: never a part.
-        sharded = result["errors"]["sharded"]
-        if sharded is not True:
-            kind, message = sharded
-            assert kind == "RuntimeError" and "requires redistribution" in message
+        # A one-element predicate sharded over the ranks reaches the operator as it is
+        # (no view makes it a scalar first), which refuses it, naming its placement.
+        kind, message = result["errors"]["sharded"]
+        assert kind == "CondArgumentError"
+        assert "argument 'pred' is a DTensor placed as (Shard(dim=0),)" in message
 
 
 def test_dtensor_eager_runs_only_the_taken_branch():

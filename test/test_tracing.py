@@ -80,7 +80,7 @@ class f(torch.nn.Module):
 """,
         )
 
-    def test_switch_graph_clamps_and_clones_identity(self):
+    def test_switch_graph_reads_index_as_given_and_clones_identity(self):
         def f(i, x):
             return switch(i, [lambda x: x + 1, lambda x: x * 2, lambda x: x], (x,))
 
@@ -90,12 +90,10 @@ class f(torch.nn.Module):
             """\
 class f(torch.nn.Module):
     def forward(self, i_1: "i64[]", x_1: "f32[s57]"):
-        view: "i64[]" = torch.ops.aten.view.default(i_1, []);  i_1 = None
-        clamp: "i64[]" = torch.ops.aten.clamp.default(view, 0, 2);  view = None
         branch_graph_0 = self.branch_graph_0
         branch_graph_1 = self.branch_graph_1
         branch_graph_2 = self.branch_graph_2
-        torchcond_switch = torch.ops.higher_order.torchcond_switch(clamp, branch_graph_0, branch_graph_1, branch_graph_2, (x_1,));  clamp = branch_graph_0 = branch_graph_1 = branch_graph_2 = x_1 = None
+        torchcond_switch = torch.ops.higher_order.torchcond_switch(i_1, branch_graph_0, branch_graph_1, branch_graph_2, (x_1,));  i_1 = branch_graph_0 = branch_graph_1 = branch_graph_2 = x_1 = None
         getitem: "f32[s57]" = torchcond_switch[0];  torchcond_switch = None
         return getitem
     class branch_graph_0(torch.nn.Module):
@@ -339,7 +337,9 @@ def test_python_bool_predicate_inlines_the_branch():
     assert "add" in gm.code and "sub" not in gm.code
 
 
-def test_non_bool_tensor_predicate_is_normalized():
+def test_non_bool_tensor_predicate_reaches_the_operator_unchanged():
+    """The operator takes the user's one-element tensor with no op before it, so a
+    compiled program reads it when it runs (AOTInductor folds an op on a buffer)."""
     gm = symbolic(
         lambda p, x: cond(p, lambda x: x + 1, lambda x: x - 1, (x,)),
         torch.tensor([2.5]),
@@ -348,7 +348,8 @@ def test_non_bool_tensor_predicate_is_normalized():
     node = next(
         n for n in gm.graph.nodes if n.op == "call_function" and "torchcond" in str(n.target)
     )
-    assert node.args[0].meta["val"].dtype == torch.bool and node.args[0].meta["val"].dim() == 0
+    assert node.args[0].op == "placeholder"
+    assert node.args[0].meta["val"].dtype == torch.float32 and node.args[0].meta["val"].dim() == 1
     torch.testing.assert_close(gm(torch.tensor([0.0]), torch.zeros(2)), -torch.ones(2))
     torch.testing.assert_close(gm(torch.tensor([-3.0]), torch.zeros(2)), torch.ones(2))
 

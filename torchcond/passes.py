@@ -1,5 +1,10 @@
 """Graph passes over exported programs.
 
+``portable(ep)`` rewrites torchcond's operators into torch's own
+(``torch.ops.higher_order.cond`` and aten ops), so that the program loads and runs
+where torchcond is not installed: ``torch.export.load``, ExecuTorch, OpenVINO and
+AOTInductor packages.
+
 ``lower_to_select(ep)`` replaces every ``torchcond_cond``/``torchcond_switch`` node.
 The replacement computes every branch, then applies one fused ``torchcond::select``
 (or ``select_n``) to all outputs. The result has no control flow, so it suits
@@ -14,9 +19,10 @@ from typing import cast
 
 import torch
 
+from ._src import portable as _portable
 from ._src import select_ops  # noqa: F401  (registers the select operators' rules)
 from ._src.ops import cond_op, switch_op
-from ._src.subgraph import output_values
+from ._src.subgraph import call_with_value, output_values
 from .errors import BranchMismatchError
 
 
@@ -81,6 +87,8 @@ def _lower_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
         _check_same_metadata(node, branches)
         if node.target is cond_op:
             pred = _as_tensor(graph, selector, torch.bool)
+            if getattr(pred.meta.get("val"), "dtype", torch.bool) != torch.bool:  # pred != 0
+                pred = call_with_value(graph, torch.ops.aten.ne.Scalar, pred, 0)
             selected = graph.call_function(
                 torch.ops.torchcond.select.default, (pred, outputs[0], outputs[1])
             )
@@ -109,11 +117,17 @@ def _inline(graph: torch.fx.Graph, branch: torch.fx.GraphModule, operands) -> li
 
 
 def _as_tensor(graph: torch.fx.Graph, selector, dtype: torch.dtype):
-    """Return ``selector`` as a tensor for the kernel. A SymBool or SymInt selector (a
-    shape predicate) becomes a 0-d tensor."""
-    if isinstance(selector, torch.fx.Node) and isinstance(selector.meta.get("val"), torch.Tensor):
-        return selector
-    return graph.call_function(torch.ops.aten.scalar_tensor.default, (selector,), {"dtype": dtype})
+    """Return ``selector`` as a 0-d tensor for the kernel. The operator's tensor selector
+    has one element and any shape. A SymBool or SymInt selector (a shape predicate)
+    becomes a 0-d tensor of ``dtype``. The kernels clamp an index themselves."""
+    value = selector.meta.get("val") if isinstance(selector, torch.fx.Node) else None
+    if isinstance(value, torch.Tensor):
+        return (
+            call_with_value(graph, torch.ops.aten.reshape.default, selector, [])
+            if value.dim()
+            else selector
+        )
+    return call_with_value(graph, torch.ops.aten.scalar_tensor.default, selector, dtype=dtype)
 
 
 def _check_same_metadata(node, branches) -> None:
@@ -131,4 +145,47 @@ def _check_same_metadata(node, branches) -> None:
                 )
 
 
-__all__ = ["lower_to_select"]
+def portable(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Return a copy of ``ep`` that uses only operators torch itself knows.
+
+    ``torchcond_cond`` becomes ``torch.ops.higher_order.cond`` with the same branch
+    graphs and operands; a predicate that is not bool becomes ``pred != 0``.
+    ``torchcond_switch`` becomes a chain of conds,
+    ``b0 if index <= 0 else (b1 if index <= 1 else ... bn)``, which clamps the index
+    as switch does. The select operators that :func:`lower_to_select` leaves become
+    ``aten.where``. Nested conditionals, buffer writes (program-level mutations),
+    unbacked output sizes, int outputs and SymBool predicates carry over. An output
+    of a conditional read at or after a later conditional is copied once, because
+    ExecuTorch would otherwise let the later one's branches overwrite it.
+
+    The result needs no torchcond to load or run. Keep ``ep`` itself for what stays
+    in torchcond's hands (training through export, higher-order derivatives, branches
+    that write in training): ``portable`` is the last step before shipping.
+
+    Args:
+        ep: an exported program, as :func:`torch.export.export` returns it, possibly
+            after :func:`lower_to_select` or ``run_decompositions``. It is not modified.
+
+    Returns:
+        A new :class:`~torch.export.ExportedProgram` that computes the same outputs.
+
+    Raises:
+        UnsupportedCondError: a conditional that ``torch.ops.higher_order.cond`` cannot
+            express, such as a branch graph that writes in place or returns a float or
+            a bool; the message names the node.
+
+    Examples:
+        >>> class Model(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torchcond.cond(x.sum() > 0, torch.log, torch.zeros_like, (x,))
+        >>> x = torch.tensor([1.0, 2.0, 4.0])
+        >>> shipped = torchcond.passes.portable(torch.export.export(Model(), (x,)))
+        >>> [str(n.target) for n in shipped.graph.nodes if n.op == "call_function"]
+        ['aten.sum.default', 'aten.gt.Scalar', 'cond', '<built-in function getitem>']
+        >>> shipped.module()(x)
+        tensor([0.0000, 0.6931, 1.3863])
+    """
+    return _portable.portable(ep)
+
+
+__all__ = ["lower_to_select", "portable"]

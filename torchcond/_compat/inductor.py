@@ -67,6 +67,7 @@ def _lower_cond(lowering, cond_op, in_place, pred, true_subgraph, false_subgraph
 
     _refuse_unbound_predicate(cond_op.name(), V.graph.current_node, pred)
     _disable_cudagraphs_if_on_gpu(lowering, cond_op.name(), [pred, *operands])
+    pred = _read_predicate(lowering, pred)
     (true_subgraph, false_subgraph), written = _writing_in_place(
         in_place, [true_subgraph, false_subgraph]
     )
@@ -82,6 +83,7 @@ def _lower_switch(lowering, switch_op, in_place, index, *branches_then_operands)
     *branches, operands = branches_then_operands
     node = V.graph.current_node
     _disable_cudagraphs_if_on_gpu(lowering, switch_op.name(), [index, *operands])
+    index = _read_index(lowering, index, len(branches))
     if _n_way():
         branches, written = _writing_in_place(in_place, branches)
         return _n_way_switch(lowering, index, branches, operands) + [operands[w] for w in written]
@@ -98,7 +100,11 @@ def _switch_chain(lowering, switch_op, node, index, branches, operands):
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
-    index, index_value = _on_host(lowering, index, _fx_value(node.args[0]))
+    index_value = _fx_value(node.args[0])
+    if isinstance(index_value, torch.Tensor):  # as _read_index made it
+        with V.fake_mode:
+            index_value = torch.empty((), dtype=torch.int64, device=index_value.device)
+    index, index_value = _on_host(lowering, index, index_value)
     first_taken = _at_most(lowering, index, 0)
     if len(branches) == 2:
         return _conditional(first_taken, branches[0], branches[1], operands)
@@ -175,7 +181,8 @@ def _n_way_switch(lowering, index, branches, operands):
     from torch._inductor import ir
 
     # ir.Switch takes the last branch for any index it does not list, including negative
-    # ones. Clamping first keeps a negative index on the first branch.
+    # ones. Clamping first keeps a negative index on the first branch (_read_index
+    # clamped a tensor index already).
     index = _clamped(lowering, index, len(branches))
     with _no_donated_branch_inputs():
         outputs = ir.Switch.create(index, list(branches), list(operands))
@@ -293,6 +300,42 @@ def _depend_on_predicate_symbols(pred, outputs) -> None:
 
 def _fx_value(arg):
     return arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
+
+
+# The operator takes a selector tensor as the user gave it: one element, any shape and
+# allowed dtype (_src/kinds.py). It is converted here, in Inductor's IR, so the compiled
+# code reads it when it runs. An FX op between a buffer and the operator would be folded
+# into a constant by AOTInductor, even where the program writes the buffer.
+
+
+def _read_predicate(lowering, pred):
+    """A one-element predicate tensor as a bool tensor (``pred != 0``), as cond reads it."""
+    from torch._inductor import ir
+
+    if isinstance(pred, ir.IRNode) and pred.get_dtype() != torch.bool:
+        return lowering.lowerings[torch.ops.aten.ne.Scalar](pred, 0)
+    return pred
+
+
+_INT64_MAX = torch.iinfo(torch.int64).max
+
+
+def _read_index(lowering, index, num_branches: int):
+    """A one-element index tensor as a 0-d int64 tensor clamped to ``[0, n - 1]``.
+    This is ``kinds.clamped_switch_indices`` in Inductor's IR: a uint64 at or above
+    2**63 takes the last branch."""
+    from torch._inductor import ir
+
+    if not isinstance(index, ir.IRNode):
+        return index
+    aten = torch.ops.aten
+    wide_from = index.get_dtype()
+    index = lowering.lowerings[aten.view.default](index, [])
+    index = lowering.lowerings[torch.ops.prims.convert_element_type.default](index, torch.int64)
+    if wide_from == torch.uint64:
+        wrapped = lowering.lowerings[aten.lt.Scalar](index, 0)
+        index = lowering.lowerings[aten.where.self](wrapped, _INT64_MAX, index)
+    return _clamped(lowering, index, num_branches)
 
 
 def _clamped(lowering, index, num_branches: int):

@@ -271,14 +271,14 @@ def _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy):
 
 
 def _switch_under_dynamo(index, branches, operands, strategy):
-    """Run ``switch`` while dynamo traces it. The graph holds the clamped index."""
+    """Run ``switch`` while dynamo traces it. The graph holds the index as given (clamped if symbolic)."""
     try:
         strategy = _inline_inside_jvp(strategy)
         if strategy != "auto":
             return _general_path(_SWITCH, index, branches, operands, strategy)
         branches = check_branch_list(branches)
         _check_operands(operands)
-        # Dynamo's isinstance takes a SymInt for an int. normalize_index clamps both.
+        # Dynamo's isinstance takes a SymInt for an int. normalize_index clamps it.
         index = normalize_index(python_scalar(index), len(branches))
         labelled = tuple(zip(branches, switch_labels(len(branches))))
         return _operator_under_dynamo(switch_op, index, labelled, operands)
@@ -358,7 +358,6 @@ def _check_and_route(kind: ConditionalKind, selector, branches, operands, strate
         if host_readable(selector):
             taken = kind.taken_index(selector, n)
             return _run_concrete(kind, labelled, taken, operands, check_branches)
-        selector = kind.tensor_selector(selector, n)
     else:  # symbolic, or a bad type that normalize reports
         selector = kind.normalize(selector, n)
     return _call_operator(kind.op, selector, labelled, operands)

@@ -5,6 +5,12 @@ Both operators are one conditional over N branches, called as
 differs between them:
 
 * how a selector is checked, normalized (clamped, for switch) and read;
+
+The operator takes a selector tensor as the user gave it: one element, any shape, any
+allowed dtype. No op between the user's tensor and the operator prepares it, so a
+compiled program reads the selector when it runs. (AOTInductor folds an op on a
+buffer into a compile-time constant, even when the program writes that buffer.) A rule
+that reads the value converts it first, with ``tensor_selector``.
 * which branch a selector takes;
 * how branches are labelled in messages;
 * how branch graphs are named in a traced module.
@@ -51,9 +57,11 @@ class ConditionalKind:
     branch_indices: Callable[[torch.Tensor, int], torch.Tensor]
     # Raise CondArgumentError unless the tensor is a valid selector.
     check_tensor: Callable[[torch.Tensor], None]
-    # A checked selector tensor in the operator's form (0-d, clamped for switch).
+    # A checked selector tensor as its value is read: 0-d bool for cond, 0-d int64
+    # clamped to [0, n - 1] for switch. Rules that read a tensor selector call it.
     tensor_selector: Callable[[torch.Tensor, int], torch.Tensor]
-    # A checked symbolic or tensor selector in the operator's form.
+    # A checked symbolic or tensor selector in the operator's form: a SymBool, a
+    # clamped SymInt, or the user's tensor unchanged.
     normalize: Callable[[Any, int], Any]
 
     def constant_taken_index(self, value, n: int) -> int:
@@ -103,7 +111,7 @@ def cond_kind(op) -> ConditionalKind:
         is_constant=lambda value: isinstance(value, (bool, int, float)),
         taken_index=lambda pred, n: 0 if pred else 1,
         # True takes branch 0 (true_fn), false branch 1.
-        branch_indices=lambda pred, n: (pred == 0).to(torch.int64),
+        branch_indices=lambda pred, n: (as_scalar(pred) == 0).to(torch.int64),
         check_tensor=check_pred_tensor,
         tensor_selector=lambda pred, n: _bool_scalar(pred),
         normalize=lambda pred, n: normalize_pred(pred),
@@ -122,9 +130,9 @@ def switch_kind(op) -> ConditionalKind:
         graph_names=_switch_graph_names,
         is_constant=lambda value: isinstance(value, int) and not isinstance(value, bool),
         taken_index=lambda index, n: clamp_index(host_index(index), n),
-        branch_indices=clamped_switch_indices,
+        branch_indices=lambda index, n: clamped_switch_indices(as_scalar(index), n),
         check_tensor=check_index_tensor,
-        tensor_selector=lambda index, n: clamped_switch_indices(index.reshape(()), n),
+        tensor_selector=lambda index, n: clamped_switch_indices(as_scalar(index), n),
         normalize=normalize_index,
     )
 
@@ -166,7 +174,8 @@ _sym_min, _sym_max = torch.sym_min, torch.sym_max
 
 
 def normalize_pred(pred):
-    """Return a symbolic or tensor predicate as a SymBool or a 0-d bool tensor."""
+    """Return a symbolic or tensor predicate in the operator's form: a SymBool, or the
+    checked tensor unchanged."""
     if isinstance(pred, _SymBool):
         return pred
     if isinstance(pred, (_SymInt, _SymFloat)):
@@ -177,17 +186,23 @@ def normalize_pred(pred):
             f"tensor with one element; found {type(pred).__name__} ({pred!r})"
         )
     check_pred_tensor(pred)
-    return _bool_scalar(pred)
+    return pred
 
 
 def _bool_scalar(pred: torch.Tensor) -> torch.Tensor:
     if pred.dtype is not _BOOL:
         pred = pred != 0
-    return pred.reshape(()) if pred.dim() else pred
+    return as_scalar(pred)
+
+
+def as_scalar(selector: torch.Tensor) -> torch.Tensor:
+    """A one-element selector as a 0-d tensor (a batched one stays batched)."""
+    return selector.reshape(()) if selector.dim() else selector
 
 
 def normalize_index(index, n: int):
-    """Return a symbolic or tensor index clamped to ``[0, n - 1]``.
+    """Return a symbolic or tensor index in the operator's form: a SymInt clamped to
+    ``[0, n - 1]``, or the checked tensor unchanged (the rules that read it clamp it).
 
     Under dynamo, a Python int and a SymInt both look like ints.
     """
@@ -199,7 +214,7 @@ def normalize_index(index, n: int):
             f"integer tensor; found {type(index).__name__} ({index!r})"
         )
     check_index_tensor(index)
-    return clamped_switch_indices(index.reshape(()), n)
+    return index
 
 
 def check_callables(fns, names) -> None:

@@ -37,7 +37,7 @@ from .. import _compat
 from ..errors import CondArgumentError
 from . import select_ops
 from .closures import StandIns
-from .kinds import ConditionalKind, python_scalar
+from .kinds import ConditionalKind, as_scalar, python_scalar
 from .merge import check_agreement
 from .state import every_branch_runs, refuse_autograd_state
 from .tracing import written_back
@@ -140,7 +140,7 @@ def run_every_branch(
     """
     n = len(branches)
     if n == 2 and selector.dtype is torch.bool:  # cond, where the predicate is the mask
-        which, first = None, selector
+        which, first = None, as_scalar(selector)
     else:
         which = kind.branch_indices(selector, n)
         first = which == 0

@@ -246,3 +246,15 @@ def getattr_path(module: torch.nn.Module, target: str):
     for part in target.split("."):
         value = getattr(value, part)
     return value
+
+
+def call_with_value(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node:
+    """Add ``op(*args, **kwargs)`` to ``graph`` with its fake value in ``meta["val"]``,
+    computed in the fake mode of the first tensor argument's value."""
+    node = graph.call_function(op, args, kwargs)
+    values = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in args]
+    mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
+    if mode is not None:
+        with mode:
+            node.meta["val"] = op(*values, **kwargs)
+    return node

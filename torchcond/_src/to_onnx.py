@@ -58,7 +58,7 @@ def translate_switch(index, *funcs_then_operands):
     ir = _ir()
     if len(funcs) == 1:
         return call_op("Identity", *_calling(funcs[0], operands).outputs)
-    (index,) = call_op("Cast", index, to=ir.DataType.INT64)
+    index = _as_int64(index, len(funcs))
     below = []
     for k in range(1, len(funcs)):
         (bound,) = call_op("Constant", value_int=k)
@@ -106,7 +106,7 @@ def translate_select_n(index, cases: Sequence, num_branches: int):
     ... case_n)``."""
     call_op = _compat_onnx.call_op()
     index_rank = index.shape
-    (index,) = call_op("Cast", index, to=_ir().DataType.INT64)
+    index = _as_int64(index, num_branches)
     per_case = len(cases) // num_branches
     below = []
     for k in range(1, num_branches):
@@ -121,6 +121,19 @@ def translate_select_n(index, cases: Sequence, num_branches: int):
             (value,) = call_op("Where", selector, case, value)
         outputs.append(value)
     return outputs
+
+
+def _as_int64(index, num_branches: int):
+    """Cast an integer index to INT64. A UINT64 index is first capped at ``n - 1``, so
+    one at or above 2**63 takes the last branch, as in ``kinds.clamped_switch_indices``."""
+    call_op = _compat_onnx.call_op()
+    ir = _ir()
+    if index.dtype == ir.DataType.UINT64:
+        (bound,) = call_op("Constant", value_int=num_branches - 1)
+        (bound,) = call_op("Cast", bound, to=ir.DataType.UINT64)
+        (index,) = call_op("Min", index, bound)
+    (index,) = call_op("Cast", index, to=ir.DataType.INT64)
+    return index
 
 
 def _broadcastable(selector, selector_rank: int, value):
