@@ -23,7 +23,6 @@ missing consumer into a failure). On other torch releases they are skipped, name
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 import os
 import subprocess
@@ -104,6 +103,15 @@ class BufferFlags(torch.nn.Module):
         return a, b, c
 
 
+class InPlace(torch.nn.Module):
+    """Branches with in-place ops on their own values, as users write them (``relu_``)."""
+
+    def forward(self, x):
+        return torchcond.cond(
+            x.sum() > 0, lambda x: (x * 2).add_(1).relu_(), lambda x: x.clone().mul_(3), (x,)
+        )
+
+
 class SymIntSwitch(torch.nn.Module):
     """A switch on a SymInt index (the batch size minus 3) and an int output."""
 
@@ -126,6 +134,7 @@ MODELS = {
         ({0: BATCH}, None),
         [(_pos, torch.tensor(k)) for k in (-4, 0, 1, 2, 9)],
     ),
+    "in_place": (InPlace, (_pos,), ({0: BATCH},), [(_pos,), (_neg,)]),
     "buffer_flags": (BufferFlags, (_pos,), ({0: BATCH},), [(_pos,), (_neg,), (_pos,), (_pos,)]),
     "symint_switch": (
         SymIntSwitch,
@@ -151,17 +160,17 @@ def _case(name):
 
 CASES = [*MODELS, *(f"exportdb/{name}" for name in EXAMPLES)]
 
-# Programs a consumer gets wrong or refuses, found by these tests and not yet fixed or
-# traced to the consumer. Each runs as a strict xfail, so a fix shows. (torch.cond's
-# programs were not checked on these cases.)
+# Programs a consumer gets wrong, with torch.cond's twin of the program too (checked by
+# hand on ExecuTorch 1.5.1 and OpenVINO 2026.4.1): consumer defects, not portable's.
+# Each runs as a strict xfail, so a consumer's fix shows.
 KNOWN_GAPS = {
-    ("executorch", "buffer_flags"): "a switch on an int8 index buffer that the program "
-    "writes gives a wrong value on the second call",
-    ("openvino", "buffer_flags"): "wrong values: selectors read from buffers that the "
-    "program writes",
-    ("openvino", "exportdb/cond_buffer_write"): "wrong values: a branch that writes a buffer",
-    ("openvino", "exportdb/different_output_sizes"): "convert_model re-traces torch.cond "
-    "and fails on its unbacked output size (PendingUnbackedSymbolNotFound)",
+    ("executorch", "buffer_flags"): "ExecuTorch: a nested cond after which the program "
+    "writes a buffer the conditional reads gives the wrong branch from the second call "
+    "on (torch.cond's nested conds alike)",
+    ("openvino", "buffer_flags"): "OpenVINO keeps no buffer write between calls, and "
+    "the written buffers change its outputs (torch.cond alike)",
+    ("openvino", "exportdb/cond_buffer_write"): "OpenVINO keeps no buffer write between "
+    "calls (torch.cond alike)",
 }
 
 
@@ -174,11 +183,14 @@ def _cases_for(consumer: str, names) -> list:
     ]
 
 
-@functools.cache
 def _exported(name):
+    """Return ``(model, ep, portable(ep), inputs, ep's operators before portable)``.
+    Each test exports anew: a consumer's trace leaves unbacked symbols pending in the
+    program's shape environment, which the next consumer's trace would trip on."""
     model, args, dynamic, inputs = _case(name)
     ep = torch.export.export(copy.deepcopy(model), args, dynamic_shapes=dynamic)
-    return model, ep, torchcond.passes.portable(ep), inputs
+    ops_before = _torch_ops(ep.graph_module)
+    return model, ep, torchcond.passes.portable(ep), inputs, ops_before
 
 
 def _flat(value) -> list[torch.Tensor]:
@@ -228,21 +240,20 @@ def _consumer(module: str):
 
 @pytest.mark.parametrize("name", CASES)
 def test_portable_uses_torch_ops_and_matches_eager(name):
-    model, ep, shipped, inputs = _exported(name)
+    model, ep, shipped, inputs, ops_before = _exported(name)
     ops = _torch_ops(shipped.graph_module)
     assert not [op for op in ops if any(t in op for t in TORCHCOND_OPS)], ops
     if any("torchcond" in op for op in _torch_ops(ep.graph_module)):
         assert "cond" in ops  # torch's own operator took the conditional's place
     expected = _eager_outputs(model, inputs)
-    # A copy: from torch 2.15 the module shares the program's buffers, which it writes.
-    module = copy.deepcopy(shipped).module()
+    module = shipped.module()
     _assert_matches([_flat(module(*args)) for args in inputs], expected, name)
     # The original program is unchanged and still torchcond's.
-    assert _torch_ops(ep.graph_module) == _torch_ops(_exported(name)[1].graph_module)
+    assert _torch_ops(ep.graph_module) == ops_before
 
 
 def test_portable_lower_to_select_uses_where():
-    model, ep, _, inputs = _exported("switch")
+    model, ep, _, inputs, _ = _exported("switch")
     shipped = torchcond.passes.portable(torchcond.passes.lower_to_select(ep))
     ops = _torch_ops(shipped.graph_module)
     assert "aten.where.self" in ops and not any("torchcond" in op for op in ops)
@@ -252,14 +263,19 @@ def test_portable_lower_to_select_uses_where():
     )
 
 
-def test_portable_refuses_branch_that_writes_in_place():
-    """A graph whose branch writes in place cannot be torch.cond's: the error names the node."""
+def test_portable_refuses_branch_that_writes_its_input():
+    """A branch graph that writes to its input cannot be torch.cond's: the error names
+    the node and the graph. (Exported branches return their writes instead; this one
+    is edited by hand.)"""
     model, args, dynamic, _ = _case("linear")
     ep = torch.export.export(model, args, dynamic_shapes=dynamic)
-    branch = ep.graph_module.true_graph_0
-    node = next(n for n in branch.graph.nodes if n.target is torch.ops.aten.relu.default)
-    node.target = torch.ops.aten.relu_.default
-    with pytest.raises(UnsupportedCondError, match=r"portable: torchcond_cond: .*relu_"):
+    branch = ep.graph_module.false_graph_0
+    node = next(n for n in branch.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    node.target = torch.ops.aten.mul_.Tensor
+    with pytest.raises(
+        UnsupportedCondError,
+        match=r"portable: torchcond_cond: branch graph false_graph_0 writes in place to its input 0",
+    ):
         torchcond.passes.portable(ep)
 
 
@@ -309,7 +325,7 @@ def _run_without_torchcond(script: str, *argv: str) -> None:
 def test_saved_programs_load_and_run_without_torchcond(tmp_path):
     saved, expected = {}, {}
     for name in CASES:
-        model, _, shipped, inputs = _exported(name)
+        model, _, shipped, inputs, _ = _exported(name)
         path = str(tmp_path / f"{name.replace('/', '_')}.pt2")
         torch.export.save(shipped, path)
         saved[name] = (path, inputs)
@@ -328,7 +344,7 @@ def test_saved_programs_load_and_run_without_torchcond(tmp_path):
 def test_executorch_runs_portable_program(name):
     exir = _consumer("executorch.exir")
     runtime = _consumer("executorch.runtime")
-    model, _, shipped, inputs = _exported(name)
+    model, _, shipped, inputs, _ = _exported(name)
     program = exir.to_edge(shipped).to_executorch()
     method = runtime.Runtime.get().load_program(program.buffer).load_method("forward")
     got = [list(method.execute(_flat(args))) for args in inputs]
@@ -375,7 +391,7 @@ def _openvino_run(ov, ep):
 )
 def test_openvino_runs_portable_program(name):
     ov = _consumer("openvino")
-    model, _, shipped, inputs = _exported(name)
+    model, _, shipped, inputs, _ = _exported(name)
     run = _openvino_run(ov, shipped)
     _assert_matches(
         [run(args) for args in inputs], _eager_outputs(model, inputs), f"OpenVINO: {name}"
@@ -436,7 +452,7 @@ _AOTI_RUN = textwrap.dedent(
 def test_aoti_packages_of_portable_programs_load_without_torchcond(tmp_path):
     """A package of the portable program, and of its lower_to_select form, loads and runs
     in a process that never imports torchcond."""
-    model, ep, shipped, inputs = _exported("switch")
+    model, ep, shipped, inputs, _ = _exported("switch")
     programs = {
         "portable": shipped,
         "lower_to_select": torchcond.passes.portable(torchcond.passes.lower_to_select(ep)),

@@ -22,7 +22,7 @@ import torch
 from ._src import portable as _portable
 from ._src import select_ops  # noqa: F401  (registers the select operators' rules)
 from ._src.ops import cond_op, switch_op
-from ._src.subgraph import call_with_value, output_values
+from ._src.subgraph import bool_predicate, call_with_value, output_values
 from .errors import BranchMismatchError
 
 
@@ -86,9 +86,7 @@ def _lower_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
             outputs.append(_inline(graph, branch, operands))
         _check_same_metadata(node, branches)
         if node.target is cond_op:
-            pred = _as_tensor(graph, selector, torch.bool)
-            if getattr(pred.meta.get("val"), "dtype", torch.bool) != torch.bool:  # pred != 0
-                pred = call_with_value(graph, torch.ops.aten.ne.Scalar, pred, 0)
+            pred = bool_predicate(graph, _as_tensor(graph, selector, torch.bool))
             selected = graph.call_function(
                 torch.ops.torchcond.select.default, (pred, outputs[0], outputs[1])
             )
@@ -170,9 +168,10 @@ def portable(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
         A new :class:`~torch.export.ExportedProgram` that computes the same outputs.
 
     Raises:
-        UnsupportedCondError: a conditional that ``torch.ops.higher_order.cond`` cannot
-            express, such as a branch graph that writes in place or returns a float or
-            a bool; the message names the node.
+        UnsupportedCondError: a branch graph writes in place to one of its inputs,
+            which ``torch.ops.higher_order.cond`` cannot express (an exported program's
+            branches return their writes instead); the message names the node and
+            the branch graph.
 
     Examples:
         >>> class Model(torch.nn.Module):

@@ -83,7 +83,7 @@ def _lower_switch(lowering, switch_op, in_place, index, *branches_then_operands)
     *branches, operands = branches_then_operands
     node = V.graph.current_node
     _disable_cudagraphs_if_on_gpu(lowering, switch_op.name(), [index, *operands])
-    index = _read_index(lowering, index, len(branches))
+    index = _read_index(lowering, index)
     if _n_way():
         branches, written = _writing_in_place(in_place, branches)
         return _n_way_switch(lowering, index, branches, operands) + [operands[w] for w in written]
@@ -181,8 +181,7 @@ def _n_way_switch(lowering, index, branches, operands):
     from torch._inductor import ir
 
     # ir.Switch takes the last branch for any index it does not list, including negative
-    # ones. Clamping first keeps a negative index on the first branch (_read_index
-    # clamped a tensor index already).
+    # ones. Clamping first keeps a negative index on the first branch.
     index = _clamped(lowering, index, len(branches))
     with _no_donated_branch_inputs():
         outputs = ir.Switch.create(index, list(branches), list(operands))
@@ -320,10 +319,11 @@ def _read_predicate(lowering, pred):
 _INT64_MAX = torch.iinfo(torch.int64).max
 
 
-def _read_index(lowering, index, num_branches: int):
-    """A one-element index tensor as a 0-d int64 tensor clamped to ``[0, n - 1]``.
-    This is ``kinds.clamped_switch_indices`` in Inductor's IR: a uint64 at or above
-    2**63 takes the last branch."""
+def _read_index(lowering, index):
+    """A one-element index tensor as a 0-d int64 tensor. A uint64 at or above 2**63
+    becomes the int64 maximum, so it takes the last branch, as in
+    ``kinds.clamped_switch_indices``. The N-way switch clamps it; the chain's ``<=``
+    tests need no clamp."""
     from torch._inductor import ir
 
     if not isinstance(index, ir.IRNode):
@@ -335,7 +335,7 @@ def _read_index(lowering, index, num_branches: int):
     if wide_from == torch.uint64:
         wrapped = lowering.lowerings[aten.lt.Scalar](index, 0)
         index = lowering.lowerings[aten.where.self](wrapped, _INT64_MAX, index)
-    return _clamped(lowering, index, num_branches)
+    return index
 
 
 def _clamped(lowering, index, num_branches: int):

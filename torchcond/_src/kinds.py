@@ -5,15 +5,16 @@ Both operators are one conditional over N branches, called as
 differs between them:
 
 * how a selector is checked, normalized (clamped, for switch) and read;
+* which branch a selector takes;
+* how branches are labelled in messages;
+* how branch graphs are named in a traced module.
 
 The operator takes a selector tensor as the user gave it: one element, any shape, any
 allowed dtype. No op between the user's tensor and the operator prepares it, so a
 compiled program reads the selector when it runs. (AOTInductor folds an op on a
 buffer into a compile-time constant, even when the program writes that buffer.) A rule
-that reads the value converts it first, with ``tensor_selector``.
-* which branch a selector takes;
-* how branches are labelled in messages;
-* how branch graphs are named in a traced module.
+reads it with ``taken_index`` on the host or ``branch_indices`` on the device;
+Inductor's lowering, the ONNX translation and the graph passes convert it in their own IR.
 """
 
 from __future__ import annotations
@@ -57,9 +58,6 @@ class ConditionalKind:
     branch_indices: Callable[[torch.Tensor, int], torch.Tensor]
     # Raise CondArgumentError unless the tensor is a valid selector.
     check_tensor: Callable[[torch.Tensor], None]
-    # A checked selector tensor as its value is read: 0-d bool for cond, 0-d int64
-    # clamped to [0, n - 1] for switch. Rules that read a tensor selector call it.
-    tensor_selector: Callable[[torch.Tensor, int], torch.Tensor]
     # A checked symbolic or tensor selector in the operator's form: a SymBool, a
     # clamped SymInt, or the user's tensor unchanged.
     normalize: Callable[[Any, int], Any]
@@ -113,7 +111,6 @@ def cond_kind(op) -> ConditionalKind:
         # True takes branch 0 (true_fn), false branch 1.
         branch_indices=lambda pred, n: (as_scalar(pred) == 0).to(torch.int64),
         check_tensor=check_pred_tensor,
-        tensor_selector=lambda pred, n: _bool_scalar(pred),
         normalize=lambda pred, n: normalize_pred(pred),
     )
 
@@ -132,7 +129,6 @@ def switch_kind(op) -> ConditionalKind:
         taken_index=lambda index, n: clamp_index(host_index(index), n),
         branch_indices=lambda index, n: clamped_switch_indices(as_scalar(index), n),
         check_tensor=check_index_tensor,
-        tensor_selector=lambda index, n: clamped_switch_indices(as_scalar(index), n),
         normalize=normalize_index,
     )
 
@@ -187,12 +183,6 @@ def normalize_pred(pred):
         )
     check_pred_tensor(pred)
     return pred
-
-
-def _bool_scalar(pred: torch.Tensor) -> torch.Tensor:
-    if pred.dtype is not _BOOL:
-        pred = pred != 0
-    return as_scalar(pred)
 
 
 def as_scalar(selector: torch.Tensor) -> torch.Tensor:

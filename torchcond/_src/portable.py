@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import operator
 
 import torch
 
 from ..errors import UnsupportedCondError
 from .ops import cond_op, switch_op
-from .subgraph import call_with_value, getattr_path
+from .subgraph import bool_predicate, call_with_value, getattr_path, written_inputs
 
 _COND = torch.ops.higher_order.cond
 _aten = torch.ops.aten
@@ -89,16 +90,10 @@ def _copy_outputs_read_across_conditionals(graph: torch.fx.Graph) -> None:
     nodes = list(graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
     conds = [i for i, n in enumerate(nodes) if n.op == "call_function" and n.target is _COND]
-    for i in conds:
-        later = next((j for j in conds if j > i), None)
-        if later is None:
-            return
+    for i, later in itertools.pairwise(conds):
         for item in list(nodes[i].users):
-            value = item.meta.get("val")
-            if not isinstance(value, torch.Tensor):
-                continue
             late = [u for u in item.users if position[u] >= later]
-            if late:
+            if late and isinstance(item.meta.get("val"), torch.Tensor):
                 with graph.inserting_after(item):
                     copy_node = call_with_value(graph, _aten.clone.default, item)
                 for user in late:
@@ -118,97 +113,85 @@ def _drop_unused_children(gm: torch.fx.GraphModule) -> None:
 
 
 def _branches(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.GraphModule]:
-    branches = [getattr_path(gm, b.target) for b in node.args[1:-1]]
-    for branch in branches:
-        _check_branch(node, branch)
+    """Return ``node``'s branch graphs, rewritten, after checking that torch.cond can hold
+    them: no branch writes to its inputs (an in-place op on its own values is fine)."""
+    branches = []
+    for graph_node in node.args[1:-1]:
+        branch = getattr_path(gm, graph_node.target)
+        written = sorted(written_inputs(branch))
+        if written:
+            raise UnsupportedCondError(
+                f"portable: {node.name}: branch graph {graph_node.target} writes in place "
+                f"to its input {written[0]}; torch.ops.higher_order.cond's branches must "
+                "not. torch.export.export gives branches that return their writes instead"
+            )
         _rewrite_module(branch)
+        branches.append(branch)
     return branches
-
-
-def _check_branch(node: torch.fx.Node, branch: torch.fx.GraphModule) -> None:
-    """Raise unless torch.cond can hold ``branch``: no in-place op, tensor or int outputs."""
-    for sub in branch.graph.nodes:
-        schema = getattr(sub.target, "_schema", None)
-        if sub.op == "call_function" and schema is not None and schema.is_mutable:
-            raise UnsupportedCondError(
-                f"portable: {node.name}: branch graph {branch.__class__.__name__} writes in "
-                f"place ({sub.name} = {sub.target}); torch.cond's branches must be "
-                "functional. Export the program (its branches are functional after "
-                "torch.export.export) before calling portable"
-            )
-    (results,) = branch.graph.find_nodes(op="output")[0].args
-    for i, result in enumerate(results):
-        value = result.meta.get("val") if isinstance(result, torch.fx.Node) else result
-        if not isinstance(value, (torch.Tensor, int, torch.SymInt)) or isinstance(value, bool):
-            raise UnsupportedCondError(
-                f"portable: {node.name}: output[{i}] is {type(value).__name__} ({value!r}); "
-                "torch.ops.higher_order.cond returns only tensors and ints"
-            )
 
 
 def _rewrite_cond(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     pred, true_node, false_node, operands = node.args
     _branches(gm, node)
     with gm.graph.inserting_before(node):
-        pred = _bool_predicate(gm.graph, pred)
+        pred = bool_predicate(gm.graph, pred)
     node.target = _COND
     node.args = (pred, true_node, false_node, tuple(operands))
-
-
-def _bool_predicate(graph: torch.fx.Graph, pred):
-    """``pred`` as torch.cond takes it: a bool tensor or a SymBool."""
-    value = _value(pred)
-    if isinstance(value, torch.Tensor) and value.dtype != torch.bool:
-        return call_with_value(graph, _aten.ne.Scalar, pred, 0)
-    return pred
 
 
 def _rewrite_switch(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     index, *branch_nodes, operands = node.args
     index = _unclamped(index)
     branches = _branches(gm, node)
-    index_value = _value(index)
-    operand_values = [_value(o) for o in operands]
     if len(branches) == 1:  # taken for every index: the same graph on both sides
         with gm.graph.inserting_before(node):
             pred = _at_most(gm.graph, index, 0)
         node.target = _COND
         node.args = (pred, branch_nodes[0], branch_nodes[0], tuple(operands))
         return
-    first = _free_name(gm, f"{branch_nodes[0].target}_case")
-    rest = _free_name(gm, f"{branch_nodes[0].target}_rest")
-    gm.register_module(first, _taking_index(branches[0], index_value))
-    gm.register_module(rest, _chain(branches[1:], 1, operand_values, index_value, node))
     with gm.graph.inserting_before(node):
-        pred = _at_most(gm.graph, index, 0)
-        first_node = gm.graph.get_attr(first)
-        rest_node = gm.graph.get_attr(rest)
-    node.target = _COND
-    node.args = (pred, first_node, rest_node, (*operands, index))
+        chain = _link(gm, gm.graph, branches, 0, list(operands), index, node.meta["val"])
+    node.replace_all_uses_with(chain)
+    gm.graph.erase_node(node)
 
 
-def _chain(branches, start: int, operand_values, index_value, node) -> torch.fx.GraphModule:
-    """The graph ``(*operands, index) -> switch`` over ``branches``, the switch's branches
-    from position ``start`` on: ``b_start if index <= start else <the rest>``."""
-    if len(branches) == 1:
-        return _taking_index(branches[0], index_value)
-    root = torch.nn.Module()
-    root.add_module("case", _taking_index(branches[0], index_value))
-    root.add_module("rest", _chain(branches[1:], start + 1, operand_values, index_value, node))
-    graph = torch.fx.Graph()
-    inputs = [_placeholder(graph, f"arg{i}", v) for i, v in enumerate(operand_values)]
-    index = _placeholder(graph, "index", index_value)
-    case, rest = graph.get_attr("case"), graph.get_attr("rest")
+def _link(root, graph, branches, start: int, operands, index, out_value) -> torch.fx.Node:
+    """Add to ``graph`` (of module ``root``) the cond node of one link of a switch chain
+    over ``branches``, the switch's branches from position ``start`` on:
+    ``b_start if index <= start else <the rest>``. Each side takes the operands and the
+    index. The rest is a graph holding the next link, or the last branch."""
+    values = [_value(o) for o in operands]
+    case = _taking_index(branches[0], _value(index))
+    if len(branches) == 2:
+        rest = _taking_index(branches[1], _value(index))
+    else:
+        rest_root, rest_graph = torch.nn.Module(), torch.fx.Graph()
+        inputs = [_placeholder(rest_graph, f"arg{i}", v) for i, v in enumerate(values)]
+        inner_index = _placeholder(rest_graph, "index", _value(index))
+        inner = _link(
+            rest_root, rest_graph, branches[1:], start + 1, inputs, inner_index, out_value
+        )
+        rest_graph.output(tuple(_items(rest_graph, inner, out_value)))
+        rest = torch.fx.GraphModule(rest_root, rest_graph)
+    names = []
+    for part, graph_module in (("case", case), ("rest", rest)):
+        names.append(_free_name(root, f"switch_{part}_{start}"))
+        root.add_module(names[-1], graph_module)
     pred = _at_most(graph, index, start)
-    cond = graph.call_function(_COND, (pred, case, rest, (*inputs, index)))
-    cond.meta["val"] = node.meta["val"]
-    results = []
-    for i, value in enumerate(node.meta["val"]):
-        item = graph.call_function(operator.getitem, (cond, i))
+    case_node, rest_node = graph.get_attr(names[0]), graph.get_attr(names[1])
+    cond = graph.call_function(_COND, (pred, case_node, rest_node, (*operands, index)))
+    cond.meta["val"] = out_value
+    return cond
+
+
+def _items(graph: torch.fx.Graph, node: torch.fx.Node, values) -> list[torch.fx.Node]:
+    """``node[i]`` for each of its output ``values``."""
+    items = []
+    for i, value in enumerate(values):
+        item = graph.call_function(operator.getitem, (node, i))
         item.meta["val"] = value
-        results.append(item)
-    graph.output(tuple(results))
-    return torch.fx.GraphModule(root, graph)
+        items.append(item)
+    return items
 
 
 def _taking_index(branch: torch.fx.GraphModule, index_value) -> torch.fx.GraphModule:
@@ -249,7 +232,7 @@ def _rewrite_select(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     """``select(pred, trues, falses)[i]`` becomes ``where(pred, trues[i], falses[i])``."""
     pred, trues, falses = node.args
     with graph.inserting_before(node):
-        pred = _bool_predicate(graph, pred)
+        pred = bool_predicate(graph, pred)
         values = [_where(graph, pred, t, f) for t, f in zip(trues, falses)]
     _replace_items(node, values)
 

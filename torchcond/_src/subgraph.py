@@ -258,3 +258,12 @@ def call_with_value(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node
         with mode:
             node.meta["val"] = op(*values, **kwargs)
     return node
+
+
+def bool_predicate(graph: torch.fx.Graph, pred):
+    """``pred`` as a bool tensor (``pred != 0`` unless it is bool), or a SymBool as it is:
+    how cond reads an operator's predicate, as graph ops."""
+    value = pred.meta.get("val") if isinstance(pred, torch.fx.Node) else pred
+    if isinstance(value, torch.Tensor) and value.dtype != torch.bool:
+        return call_with_value(graph, torch.ops.aten.ne.Scalar, pred, 0)
+    return pred
