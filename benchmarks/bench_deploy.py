@@ -7,6 +7,9 @@ A model is deployed twice, written once with ``torchcond.cond`` and once with
   (default settings: what a user gets), ``aoti_load_package``; timed: ``package(x)``,
   the loaded package's Python call, and ``package.loader.run([x])``, the C++ runner
   underneath (without the Python wrapper's pytree handling);
+* ``ep.module()``: the exported program run in Python, for torchcond's program, the
+  same program after ``torchcond.passes.portable`` (torch's own ``cond``) and
+  torch.cond's program; timed: ``module(x)``. Ratios against torch.cond's.
 * ONNX: ``torch.onnx.export(model, (x,), dynamo=True)`` (dynamic batch), saved, run by
   ``onnxruntime.InferenceSession`` on ``CPUExecutionProvider`` with as many intra-op
   threads as torch uses; timed: ``session.run(None, {"x": x})`` on a NumPy array.
@@ -239,6 +242,7 @@ def main(argv=None) -> int:
     inputs = branch_inputs(reference, rows, width)
     run.results["shape"] = [rows, width]
     with tempfile.TemporaryDirectory(prefix="torchcond_bench_deploy_") as tmp, torch.no_grad():
+        run.results["module"] = module_part(run, libs, reference, inputs, rounds, min_run_time)
         run.results["aoti"] = aoti_part(
             run, libs, reference, inputs, tmp, args, rounds, min_run_time
         )
@@ -256,6 +260,53 @@ def claims(run, runtime: str, rows: list[dict]) -> None:
                 f"<= {TARGET}",
                 r["ratio"] <= TARGET,
             )
+
+
+def module_part(run, libs, reference, inputs, rounds, min_run_time) -> dict:
+    run.say()
+    run.say("ep.module(): torch.export.export (dynamic batch), then the program in Python")
+    x = inputs["true"]
+    programs = {}
+    for lib, model in libs.items():
+        ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim("batch", min=1, max=1024)},))
+        programs[lib] = ep.module()
+        if lib == "torchcond":
+            programs["portable"] = torchcond.passes.portable(ep).module()
+    for module in programs.values():
+        check(module, reference, inputs, *x.shape)
+    timers = {
+        (lib, branch): common.timer("obj(x)", {"obj": module, "x": xb}, "module", branch, lib)
+        for lib, module in programs.items()
+        for branch, xb in inputs.items()
+    }
+    ms = common.measure(timers, rounds, min_run_time)
+    common.compare(list(ms.values()))
+    rows = []
+    for lib in ("torchcond", "portable"):
+        for branch in inputs:
+            ours, theirs = ms[(lib, branch)], ms[("torch.cond", branch)]
+            ratio = common.best(ours) / common.best(theirs)
+            rows.append(
+                {
+                    **common.record(
+                        f"ep.module(), {lib}, {branch} branch",
+                        "obj(x)",
+                        lib,
+                        "obj(x)",
+                        theirs,
+                        ours,
+                        ratio=ratio,
+                        median_ratio=ours.median / theirs.median,
+                    ),
+                    "program": lib,
+                    "branch": branch,
+                }
+            )
+            run.say(
+                f"module {lib:<9} {branch:<5} {common.best(ours) * 1e6:9.1f} us  torch.cond "
+                f"{common.best(theirs) * 1e6:9.1f} us  ratio {ratio:.3f}x"
+            )
+    return {"cases": rows}
 
 
 def aoti_part(run, libs, reference, inputs, tmp, args, rounds, min_run_time) -> dict:

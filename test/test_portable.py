@@ -301,9 +301,13 @@ _LOAD_AND_RUN = textwrap.dedent(
     """
     import sys, torch
     saved = torch.load(sys.argv[1])
+    # Every program is loaded before any runs: on torch 2.11, a load that follows the run
+    # of a loaded program that writes a buffer fails ("Trying to resize storage that is
+    # not resizable"), with torch.cond's programs too.
+    modules = {name: torch.export.load(path).module() for name, (path, _) in saved.items()}
     results = {}
-    for name, (path, inputs) in saved.items():
-        module = torch.export.load(path).module()
+    for name, (_, inputs) in saved.items():
+        module = modules[name]
         results[name] = [
             [t for t in torch.utils._pytree.tree_leaves(module(*args)) if isinstance(t, torch.Tensor)]
             for args in inputs
