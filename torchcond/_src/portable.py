@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import itertools
 import operator
+from typing import Any, cast
 
 import torch
 
@@ -69,7 +70,7 @@ def _rewrite_module(gm: torch.fx.GraphModule) -> None:
         elif node.target is _SELECT_N:
             _rewrite_select_n(gm.graph, node)
         elif node.target is _COND:
-            for branch in node.args[1:3]:
+            for branch in _args(node)[1:3]:
                 _rewrite_module(getattr_path(gm, branch.target))
     gm.graph.eliminate_dead_code()
     _copy_outputs_read_across_conditionals(gm.graph)
@@ -116,7 +117,7 @@ def _branches(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Gr
     """Return ``node``'s branch graphs, rewritten, after checking that torch.cond can hold
     them: no branch writes to its inputs (an in-place op on its own values is fine)."""
     branches = []
-    for graph_node in node.args[1:-1]:
+    for graph_node in _args(node)[1:-1]:
         branch = getattr_path(gm, graph_node.target)
         written = sorted(written_inputs(branch))
         if written:
@@ -131,7 +132,7 @@ def _branches(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Gr
 
 
 def _rewrite_cond(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
-    pred, true_node, false_node, operands = node.args
+    pred, true_node, false_node, operands = _args(node)
     _branches(gm, node)
     with gm.graph.inserting_before(node):
         pred = bool_predicate(gm.graph, pred)
@@ -140,7 +141,7 @@ def _rewrite_cond(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
 
 
 def _rewrite_switch(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
-    index, *branch_nodes, operands = node.args
+    index, *branch_nodes, operands = _args(node)
     index = _unclamped(index)
     branches = _branches(gm, node)
     if len(branches) == 1:  # taken for every index: the same graph on both sides
@@ -230,7 +231,7 @@ def _at_most(graph: torch.fx.Graph, index, bound: int):
 
 def _rewrite_select(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     """``select(pred, trues, falses)[i]`` becomes ``where(pred, trues[i], falses[i])``."""
-    pred, trues, falses = node.args
+    pred, trues, falses = _args(node)
     with graph.inserting_before(node):
         pred = bool_predicate(graph, pred)
         values = [_where(graph, pred, t, f) for t, f in zip(trues, falses)]
@@ -239,7 +240,7 @@ def _rewrite_select(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
 
 def _rewrite_select_n(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     """``select_n(index, cases, n)[i]`` becomes a chain of ``where(index <= k, ...)``."""
-    index, flat, n = node.args
+    index, flat, n = _args(node)
     n_out = len(flat) // n
     cases = [flat[k * n_out : (k + 1) * n_out] for k in range(n)]
     with graph.inserting_before(node):
@@ -276,6 +277,12 @@ def _placeholder(graph: torch.fx.Graph, name: str, value) -> torch.fx.Node:
     node = graph.placeholder(name)
     node.meta["val"] = value
     return node
+
+
+def _args(node: torch.fx.Node) -> tuple[Any, ...]:
+    """``node.args``, typed loosely: an operator node's arguments are graphs, nodes,
+    tuples of nodes and ints, which the passes here know by position."""
+    return cast(tuple[Any, ...], node.args)
 
 
 def _value(arg):

@@ -253,7 +253,7 @@ def call_with_value(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node
     computed in the fake mode of the first tensor argument's value."""
     node = graph.call_function(op, args, kwargs)
     values = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in args]
-    mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
+    mode = next((getattr(v, "fake_mode", None) for v in values if hasattr(v, "fake_mode")), None)
     if mode is not None:
         with mode:
             node.meta["val"] = op(*values, **kwargs)
