@@ -268,10 +268,13 @@ def module_part(run, libs, reference, inputs, rounds, min_run_time) -> dict:
     x = inputs["true"]
     programs = {}
     for lib, model in libs.items():
-        ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim("batch", min=1, max=1024)},))
-        programs[lib] = ep.module()
-        if lib == "torchcond":
-            programs["portable"] = torchcond.passes.portable(ep).module()
+        with quiet():
+            ep = torch.export.export(
+                model, (x,), dynamic_shapes=({0: Dim("batch", min=1, max=1024)},)
+            )
+            programs[lib] = ep.module()
+            if lib == "torchcond":
+                programs["portable"] = torchcond.passes.portable(ep).module()
     for module in programs.values():
         check(module, reference, inputs, *x.shape)
     timers = {
