@@ -46,28 +46,50 @@ at::Tensor batch_first(const at::Tensor& t, int64_t level, const c10::SymInt& si
 // (state.py). One select then picks the outputs, under vmap below the level.
 //
 // Each returns None, and the caller takes the general path, when the call is not that
-// case. It checks what it can before a branch runs. After, a branch that wrote to an
-// operand, changed what the state watch sees, raised, or returned anything but a
-// tensor or a tuple or list of tensors that agree, has its effects undone (the state
-// through state.fast_failed, which also sends later calls of its code to the general
-// path). The general path then runs the branches again and does what it does with
-// each of those.
-struct PerExample {
-  PyObject* record = nullptr;         // state.fast_record(fn) -> its _Found, or None
-  PyObject* failed = nullptr;         // state.fast_failed(found, label, assigned)
+// case; it checks that before a branch runs. A branch that has run never runs again.
+// A branch that wrote to an operand, changed what the state watch sees or raised, and
+// outputs that are not tensors that agree, stop the call with a Handoff, and the
+// general path goes on from there (torchcond/_src/handoff.py).
+//
+// What they read and call of Python comes with each call, as a tuple in this order
+// (state.ONE_CALL, with api._EAGER last). Its items are borrowed from it.
+struct OneCall {
+  PyObject* record = nullptr;         // state.fast_record(fn, label) -> its _Found, or None
   PyObject* every_branch = nullptr;   // state._EVERY_BRANCH, a ContextVar
-  PyObject* select_how = nullptr;     // "select"
   PyObject* buffer_hooks = nullptr;   // torch's global buffer registration hooks (a dict)
   PyObject* missing = nullptr;        // state._MISSING
   PyObject* forward_ad = nullptr;     // torch.autograd.forward_ad
   PyObject* level_name = nullptr;     // its attribute that is >= 0 while a level is open
   PyObject* current_level = nullptr;  // torch._C._functorch.current_level
-} g;
+  EagerContext eager;                 // eager.cpp's context
+};
+
+bool one_call_of(PyObject* tuple, OneCall& out) {
+  if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != 8) return false;
+  PyObject* const* items = &PyTuple_GET_ITEM(tuple, 0);
+  out = {items[0], items[1], items[2], items[3], items[4], items[5], items[6], {}};
+  return PyDict_Check(out.buffer_hooks) && PyUnicode_Check(out.level_name) && eager_context_of(items[7], out.eager);
+}
+
+// What a one-call path hands on once a branch has run and the call cannot finish here:
+// the outputs of the branches that ran and settled, in order, and then the branch that
+// ran without settling, if one did. The general path takes these in place of calling
+// those branches, and runs only the branches after them.
+struct Handoff {
+  pybind11::list outputs;                        // each settled branch's output
+  pybind11::object out = pybind11::none();       // the unsettled branch's output, or None
+  pybind11::object error = pybind11::none();     // what it raised, or None
+  pybind11::object recorder = pybind11::none();  // its WriteRecorder, its writes in place, or None
+  pybind11::list assigned;                       // (module, name, buffer before) per buffer it assigned
+  pybind11::object record = pybind11::none();    // its state record (state._Found); None: no such branch
+};
 
 // A buffer registration hook (torch calls it before the buffer is set): records
-// (module, name, the buffer before) in the list it is bound to.
-PyObject* note_assigned(PyObject* assigned, PyObject* const* args, Py_ssize_t nargs) {
+// (module, name, the buffer before) in the list of the (list, missing) pair it is bound
+// to, with `missing` for a buffer that was not there.
+PyObject* note_assigned(PyObject* bound, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 2) Py_RETURN_NONE;
+  PyObject* assigned = PyTuple_GET_ITEM(bound, 0);
   PyObject* buffers = PyObject_GetAttrString(args[0], "_buffers");
   if (buffers == nullptr) return nullptr;
   PyObject* old = PyDict_Check(buffers) ? PyDict_GetItemWithError(buffers, args[1]) : nullptr;
@@ -75,7 +97,7 @@ PyObject* note_assigned(PyObject* assigned, PyObject* const* args, Py_ssize_t na
     Py_DECREF(buffers);
     return nullptr;
   }
-  PyObject* entry = PyTuple_Pack(3, args[0], args[1], old != nullptr ? old : g.missing);
+  PyObject* entry = PyTuple_Pack(3, args[0], args[1], old != nullptr ? old : PyTuple_GET_ITEM(bound, 1));
   Py_DECREF(buffers);
   if (entry == nullptr || PyList_Append(assigned, entry) < 0) {
     Py_XDECREF(entry);
@@ -92,10 +114,10 @@ PyMethodDef kNoteAssigned = {"note_assigned", reinterpret_cast<PyCFunction>(rein
 // more than the number of levels below it, so the only level is 1, and
 // torch._C._functorch.current_level() names the innermost one. Returns -1 with a
 // Python error set.
-int batched_by_only_level(const at::Tensor& pred) {
+int batched_by_only_level(const OneCall& ctx, const at::Tensor& pred) {
   const auto* batched = at::functorch::maybeGetBatchedImpl(pred);
   if (batched == nullptr || batched->level() != 1) return 0;
-  PyObject* level = PyObject_CallNoArgs(g.current_level);
+  PyObject* level = PyObject_CallNoArgs(ctx.current_level);
   if (level == nullptr) {  // no level at all: a tensor of a vmap that has ended
     PyErr_Clear();
     return 0;
@@ -139,15 +161,17 @@ int selectable(PyObject* a, PyObject* b, const std::vector<PyObject*>& as, const
 
 class Hooked {  // the buffer hook in place of torch's, while a branch runs
  public:
-  explicit Hooked(PyObject* assigned) {
-    hook_ = PyCFunction_New(&kNoteAssigned, assigned);
+  Hooked(const OneCall& ctx, PyObject* assigned) : hooks_(ctx.buffer_hooks) {
+    PyObject* bound = PyTuple_Pack(2, assigned, ctx.missing);
+    hook_ = bound != nullptr ? PyCFunction_New(&kNoteAssigned, bound) : nullptr;
+    Py_XDECREF(bound);
     key_ = PyLong_FromLong(-1);
-    ok_ = hook_ != nullptr && key_ != nullptr && PyObject_SetItem(g.buffer_hooks, key_, hook_) == 0;
+    ok_ = hook_ != nullptr && key_ != nullptr && PyObject_SetItem(hooks_, key_, hook_) == 0;
   }
   ~Hooked() {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);  // the branch's error, if it raised
-    if (ok_ && PyObject_DelItem(g.buffer_hooks, key_) < 0) PyErr_Clear();
+    if (ok_ && PyObject_DelItem(hooks_, key_) < 0) PyErr_Clear();
     Py_XDECREF(hook_);
     Py_XDECREF(key_);
     PyErr_Restore(type, value, traceback);
@@ -155,6 +179,7 @@ class Hooked {  // the buffer hook in place of torch's, while a branch runs
   bool ok() const { return ok_; }
 
  private:
+  PyObject* hooks_;
   PyObject* hook_;
   PyObject* key_;
   bool ok_;
@@ -164,15 +189,6 @@ PyObject* none() { Py_RETURN_NONE; }
 
 // The keys of torch.func's other wrappers (grad's and functionalize's).
 const c10::DispatchKeySet kWrapped({c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize});
-
-// After a branch's effects were undone: its state put back and its function sent to
-// the general path from now on. Returns None, or nullptr with an error set.
-PyObject* fall_back(PyObject* record, const char* label, PyObject* assigned) {
-  PyObject* result = PyObject_CallFunction(g.failed, "OsO", record, label, assigned);
-  if (result == nullptr) return nullptr;
-  Py_DECREF(result);
-  return none();
-}
 
 // Whether every operand is plain, or batched by vmap level `level` (0: none) over a
 // plain tensor. Another torch.func wrapper (grad's, dead or alive) goes to the general
@@ -192,14 +208,14 @@ bool own_operands(const pybind11::tuple& operands, int64_t level) {
 // What both entry points check of the call around the predicate: no gradient, no
 // forward-AD level, the recorder free, no buffer hooks, no mode, profiler or trace.
 // 1, 0 (the general path), or -1 with a Python error set.
-int plain_call(const at::Tensor& pred) {
+int plain_call(const OneCall& ctx, const at::Tensor& pred) {
   if (pred.scalar_type() != at::kBool || pred.dim() != 0 || at::GradMode::is_enabled() || !recorder_available() ||
-      PyDict_Size(g.buffer_hooks) != 0) {
+      PyDict_Size(ctx.buffer_hooks) != 0) {
     return 0;
   }
-  const int plain = eager_context(pred);
+  const int plain = eager_context(ctx.eager, pred);
   if (plain <= 0) return plain;
-  PyObject* level = PyObject_GetAttr(g.forward_ad, g.level_name);
+  PyObject* level = PyObject_GetAttr(ctx.forward_ad, ctx.level_name);
   if (level == nullptr) return -1;
   const long open = PyLong_AsLong(level);
   Py_DECREF(level);
@@ -209,55 +225,67 @@ int plain_call(const at::Tensor& pred) {
 
 // Runs both branches and selects, where the callers have checked the call: with the
 // predicate batched at vmap level `level`, or with `level` 0 for no level.
-PyObject* run_both_and_select(PyObject* const* args, const at::Tensor& pred, const pybind11::tuple& operands,
-                              int64_t level) {
+PyObject* run_both_and_select(const OneCall& ctx, PyObject* const* args, const at::Tensor& pred,
+                              const pybind11::tuple& operands, int64_t level) {
   namespace py = pybind11;
-  const char* labels[2] = {"true_fn", "false_fn"};
+  static PyObject* const labels[2] = {PyUnicode_InternFromString("true_fn"), PyUnicode_InternFromString("false_fn")};
   py::object records[2];
   for (int k = 0; k < 2; ++k) {
-    records[k] = py::reinterpret_steal<py::object>(PyObject_CallOneArg(g.record, args[1 + k]));
+    PyObject* call[2] = {args[1 + k], labels[k]};
+    records[k] = py::reinterpret_steal<py::object>(PyObject_Vectorcall(ctx.record, call, 2, nullptr));
     if (!records[k]) return nullptr;
     if (records[k].is_none()) return none();
   }
   // Both branches run, each as if untaken (state.every_branch_runs("select")).
-  py::object token = py::reinterpret_steal<py::object>(PyContextVar_Set(g.every_branch, g.select_how));
+  static PyObject* const select_how = PyUnicode_InternFromString("select");
+  py::object token = py::reinterpret_steal<py::object>(PyContextVar_Set(ctx.every_branch, select_how));
   if (!token) return nullptr;
   struct Reset {
+    PyObject* var;
     PyObject* token;
     ~Reset() {
       PyObject *type, *value, *traceback;
       PyErr_Fetch(&type, &value, &traceback);
-      if (PyContextVar_Reset(g.every_branch, token) < 0) PyErr_Clear();
+      if (PyContextVar_Reset(var, token) < 0) PyErr_Clear();
       PyErr_Restore(type, value, traceback);
     }
-  } reset{token.ptr()};
+  } reset{ctx.every_branch, token.ptr()};
+  Handoff handoff;
+  auto hand_on = [&]() { return py::cast(std::move(handoff)).release().ptr(); };
   py::object outs[2];
   std::vector<PyObject*> leaves[2];
   for (int k = 0; k < 2; ++k) {
     py::list assigned;
-    ObservedRun run{nullptr, false};
+    ObservedRun run{nullptr, py::none()};
     {
-      Hooked hooked(assigned.ptr());
+      Hooked hooked(ctx, assigned.ptr());
       if (!hooked.ok()) return nullptr;
       run = run_observed(args[1 + k], operands.ptr());
     }
-    outs[k] = py::reinterpret_steal<py::object>(run.out);
-    if (!outs[k]) {
-      // Only an exception goes to the general path, which raises it again: a
-      // KeyboardInterrupt or SystemExit stops here.
-      if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
-      PyErr_Clear();
-      return fall_back(records[k].ptr(), labels[k], assigned.ptr());
+    bool settled = run.out != nullptr && run.recorder.is_none() && PyList_GET_SIZE(assigned.ptr()) == 0;
+    if (run.out == nullptr) {
+      handoff.error = py::error_already_set().value();  // KeyboardInterrupt too: undone, then raised
+    } else {
+      outs[k] = py::reinterpret_steal<py::object>(run.out);
     }
-    py::object probes = records[k].attr("probes"), snapshot = records[k].attr("snapshot");
-    const int same = snapshot_same(probes.ptr(), snapshot.ptr());
-    if (same < 0) return nullptr;
-    if (!run.clean || same == 0 || PyList_GET_SIZE(assigned.ptr()) != 0 || !output_tensors(outs[k].ptr(), leaves[k])) {
-      return fall_back(records[k].ptr(), labels[k], assigned.ptr());
+    if (settled) {
+      py::object probes = records[k].attr("probes"), snapshot = records[k].attr("snapshot");
+      const int same = snapshot_same(probes.ptr(), snapshot.ptr());
+      if (same < 0) return nullptr;
+      settled = same == 1;
     }
+    if (!settled) {
+      if (outs[k]) handoff.out = outs[k];
+      handoff.recorder = run.recorder;
+      handoff.assigned = assigned;
+      handoff.record = records[k];
+      return hand_on();
+    }
+    handoff.outputs.append(outs[k]);
+    if (!output_tensors(outs[k].ptr(), leaves[k])) return hand_on();
   }
   const int agree = selectable(outs[0].ptr(), outs[1].ptr(), leaves[0], leaves[1]);
-  if (agree <= 0) return agree < 0 ? nullptr : none();
+  if (agree <= 0) return agree < 0 ? nullptr : hand_on();
   // The select. Under vmap it runs below the level, on the batch's own tensors. They
   // are plain tensors, so leaving out functorch's keys is what setting the level aside
   // would do.
@@ -289,7 +317,7 @@ PyObject* run_both_and_select(PyObject* const* args, const at::Tensor& pred, con
     try {
       selected = select.call(mask, trues, falses);
     } catch (const c10::Error&) {  // the general path explains it
-      return none();
+      return hand_on();
     }
   }
   // The outputs, in the first branch's structure.
@@ -317,32 +345,34 @@ PyObject* run_both_and_select(PyObject* const* args, const at::Tensor& pred, con
 // Whether the predicate is where an entry point wants it: batched by the only
 // torch.func level (`level` 1), or outside any level (`level` 0, where functorch's front
 // key is in this thread's set while a level is active). 1, 0, or -1 with an error set.
-int at_level(const at::Tensor& pred, int64_t level) {
-  if (level != 0) return batched_by_only_level(pred);
+int at_level(const OneCall& ctx, const at::Tensor& pred, int64_t level) {
+  if (level != 0) return batched_by_only_level(ctx, pred);
   return !c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) &&
          !pred.key_set().has_any(kWrapped) && !at::functorch::isBatchedTensor(pred);
 }
 
 // Both entry points: check the call for `level` (see at_level), then run both branches
-// and select. None for the general path.
-PyObject* one_call(PyObject* const* args, Py_ssize_t nargs, const char* signature, int64_t level) {
-  if (nargs != 4) {
+// and select. None for the general path, or a Handoff once a branch has run.
+PyObject* one_call(PyObject* const* all, Py_ssize_t nargs, const char* signature, int64_t level) {
+  OneCall ctx;
+  if (nargs != 5 || !one_call_of(all[0], ctx)) {
     PyErr_SetString(PyExc_TypeError, signature);
     return nullptr;
   }
-  if (g.record == nullptr || !THPVariable_CheckExact(args[0]) || !PyFunction_Check(args[1]) ||
-      !PyFunction_Check(args[2]) || !eager_operands(args[3])) {
+  PyObject* const* args = all + 1;
+  if (!THPVariable_CheckExact(args[0]) || !PyFunction_Check(args[1]) || !PyFunction_Check(args[2]) ||
+      !eager_operands(args[3])) {
     return none();
   }
   try {
     const at::Tensor& pred = THPVariable_Unpack(args[0]);
-    int ok = at_level(pred, level);
-    if (ok > 0) ok = plain_call(pred);
+    int ok = at_level(ctx, pred, level);
+    if (ok > 0) ok = plain_call(ctx, pred);
     if (ok <= 0) return ok < 0 ? nullptr : none();
     auto operands = pybind11::reinterpret_steal<pybind11::tuple>(PySequence_Tuple(args[3]));
     if (!operands) return nullptr;
     if (!own_operands(operands, level)) return none();
-    return run_both_and_select(args, pred, operands, level);
+    return run_both_and_select(ctx, args, pred, operands, level);
   } catch (...) {
     torch::translate_exception_to_python(std::current_exception());
     return nullptr;
@@ -350,44 +380,30 @@ PyObject* one_call(PyObject* const* args, Py_ssize_t nargs, const char* signatur
 }
 
 PyObject* per_example_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  return one_call(args, nargs, "per_example_cond(pred, true_fn, false_fn, operands)", 1);
+  return one_call(args, nargs, "per_example_cond(context, pred, true_fn, false_fn, operands)", 1);
 }
 
 PyObject* select_cond(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  return one_call(args, nargs, "select_cond(pred, true_fn, false_fn, operands)", 0);
-}
-
-// per_example_init(record, failed, every_branch, buffer_hooks, missing, forward_ad,
-// level_name, current_level): what per_example_cond reads and calls (state.py).
-PyObject* per_example_init(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 8 || !PyDict_Check(args[3]) || !PyUnicode_Check(args[6])) {
-    PyErr_SetString(PyExc_TypeError,
-                    "per_example_init(record, failed, every_branch, buffer_hooks: dict, missing, forward_ad, "
-                    "level_name: str, current_level)");
-    return nullptr;
-  }
-  PyObject** slots[8] = {&g.record,  &g.failed,     &g.every_branch, &g.buffer_hooks,
-                         &g.missing, &g.forward_ad, &g.level_name,   &g.current_level};
-  for (int i = 0; i < 8; ++i) {
-    Py_INCREF(args[i]);
-    Py_XSETREF(*slots[i], args[i]);
-  }
-  if (g.select_how == nullptr) g.select_how = PyUnicode_InternFromString("select");
-  Py_RETURN_NONE;
+  return one_call(args, nargs, "select_cond(context, pred, true_fn, false_fn, operands)", 0);
 }
 
 PyMethodDef kMethods[] = {
     {"per_example_cond", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(per_example_cond)), METH_FASTCALL,
-     "cond under vmap with a per-example predicate, eagerly, in one call; None for the general path."},
+     "cond under vmap with a per-example predicate, eagerly, in one call; None or a Handoff for the general path."},
     {"select_cond", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(select_cond)), METH_FASTCALL,
-     "cond(..., strategy='select'), eagerly with no gradient, in one call; None for the general path."},
-    {"per_example_init", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(per_example_init)), METH_FASTCALL,
-     "What per_example_cond reads and calls."},
+     "cond(..., strategy='select'), eagerly with no gradient, in one call; None or a Handoff for the general path."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
 
 void bind_batching(pybind11::module& m) {
+  pybind11::class_<Handoff>(m, "Handoff", "What the one-call paths hand on to the general path (handoff.py).")
+      .def_readonly("outputs", &Handoff::outputs)
+      .def_readonly("out", &Handoff::out)
+      .def_readonly("error", &Handoff::error)
+      .def_readonly("recorder", &Handoff::recorder)
+      .def_readonly("assigned", &Handoff::assigned)
+      .def_readonly("record", &Handoff::record);
   for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw pybind11::error_already_set();

@@ -27,12 +27,6 @@
 namespace torchcond {
 namespace {
 
-// Set once by eager_init (torchcond/_compat): where the profiler flag lives, and
-// torch.cuda.is_current_stream_capturing.
-PyObject* g_profiler_module = nullptr;
-PyObject* g_profiler_flag = nullptr;
-PyObject* g_capturing = nullptr;
-
 bool is_plain_tensor(PyObject* object) { return Py_TYPE(object) == reinterpret_cast<PyTypeObject*>(THPVariableClass); }
 
 // A tuple or list whose items are all exactly torch.Tensor (or a Parameter, with
@@ -49,18 +43,18 @@ bool plain_operands(PyObject* operands, bool parameters = false) {
 }
 
 // -1: a Python error is set; 0: the slow path decides; 1: a Python `if` may run.
-int plain_context(const at::Tensor& selector) {
+int plain_context(const EagerContext& context, const at::Tensor& selector) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() != 0 || at::impl::PythonTorchFunctionTLS::stack_len() != 0) {
     return 0;
   }
   if (torch::jit::tracer::isTracing()) return 0;
-  PyObject* profiling = PyObject_GetAttr(g_profiler_module, g_profiler_flag);
+  PyObject* profiling = PyObject_GetAttr(context.profiler_module, context.profiler_flag);
   if (profiling == nullptr) return -1;
   const int on = PyObject_IsTrue(profiling);
   Py_DECREF(profiling);
   if (on != 0) return on < 0 ? -1 : 0;
   if (selector.is_cuda()) {
-    PyObject* capturing = PyObject_CallNoArgs(g_capturing);
+    PyObject* capturing = PyObject_CallNoArgs(context.capturing);
     if (capturing == nullptr) return -1;
     const int yes = PyObject_IsTrue(capturing);
     Py_DECREF(capturing);
@@ -82,15 +76,18 @@ auto host_read(const at::Tensor& t, Read read) {
   return read();
 }
 
-// taken_branch(pred, true_fn, false_fn, operands) -> the branch cond takes, or None.
-PyObject* taken_branch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "taken_branch(pred, true_fn, false_fn, operands)");
+// taken_branch(context, pred, true_fn, false_fn, operands) -> the branch cond takes, or
+// None. `context` is an EagerContext's tuple.
+PyObject* taken_branch(PyObject* /*module*/, PyObject* const* all, Py_ssize_t nargs) {
+  EagerContext context;
+  if (nargs != 5 || !eager_context_of(all[0], context)) {
+    PyErr_SetString(PyExc_TypeError, "taken_branch(context, pred, true_fn, false_fn, operands)");
     return nullptr;
   }
+  PyObject* const* args = all + 1;
   PyObject* pred = args[0];
-  if (g_profiler_module == nullptr || !is_plain_tensor(pred) || !PyCallable_Check(args[1]) ||
-      !PyCallable_Check(args[2]) || !plain_operands(args[3])) {
+  if (!is_plain_tensor(pred) || !PyCallable_Check(args[1]) || !PyCallable_Check(args[2]) ||
+      !plain_operands(args[3])) {
     return slow();
   }
   try {
@@ -98,7 +95,7 @@ PyObject* taken_branch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
     if (p.scalar_type() != at::kBool && p.is_complex()) return slow();
     // Cannot be read: the slow path explains or handles it (a read would raise, slowly).
     if (p.is_meta() || at::functorch::isBatchedTensor(p) || p.numel() != 1) return slow();
-    const int plain = plain_context(p);
+    const int plain = plain_context(context, p);
     if (plain <= 0) return plain < 0 ? nullptr : slow();
     bool taken;
     try {
@@ -115,16 +112,19 @@ PyObject* taken_branch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
   }
 }
 
-// taken_case(index, branches, operands) -> branches[clamp(index, 0, n - 1)], or None.
-PyObject* taken_case(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "taken_case(index, branches, operands)");
+// taken_case(context, index, branches, operands) -> branches[clamp(index, 0, n - 1)], or
+// None. `context` is an EagerContext's tuple.
+PyObject* taken_case(PyObject* /*module*/, PyObject* const* all, Py_ssize_t nargs) {
+  EagerContext context;
+  if (nargs != 4 || !eager_context_of(all[0], context)) {
+    PyErr_SetString(PyExc_TypeError, "taken_case(context, index, branches, operands)");
     return nullptr;
   }
+  PyObject* const* args = all + 1;
   PyObject* index = args[0];
   PyObject* branches = args[1];
-  if (g_profiler_module == nullptr || !is_plain_tensor(index) || !PyList_CheckExact(branches) ||
-      PyList_GET_SIZE(branches) == 0 || !plain_operands(args[2])) {
+  if (!is_plain_tensor(index) || !PyList_CheckExact(branches) || PyList_GET_SIZE(branches) == 0 ||
+      !plain_operands(args[2])) {
     return slow();
   }
   const Py_ssize_t n = PyList_GET_SIZE(branches);
@@ -137,7 +137,7 @@ PyObject* taken_case(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
     if (!at::isIntegralType(t.scalar_type(), /*includeBool=*/false) || t.scalar_type() == at::kUInt64) {
       return slow();
     }
-    const int plain = plain_context(t);
+    const int plain = plain_context(context, t);
     if (plain <= 0) return plain < 0 ? nullptr : slow();
     int64_t i;
     if (t.is_meta() || at::functorch::isBatchedTensor(t) || t.numel() != 1) return slow();
@@ -232,7 +232,15 @@ int outputs_agree(PyObject* outputs, bool shapes) {
   return truth(plainly_agree(nullptr, args, 2));
 }
 
-int eager_context(const at::Tensor& selector) { return plain_context(selector); }
+bool eager_context_of(PyObject* tuple, EagerContext& out) {
+  if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(tuple, 1))) {
+    return false;
+  }
+  out = {PyTuple_GET_ITEM(tuple, 0), PyTuple_GET_ITEM(tuple, 1), PyTuple_GET_ITEM(tuple, 2)};
+  return true;
+}
+
+int eager_context(const EagerContext& context, const at::Tensor& selector) { return plain_context(context, selector); }
 
 void bind_eager(pybind11::module& m) {
   for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
@@ -240,18 +248,6 @@ void bind_eager(pybind11::module& m) {
     if (fn == nullptr) throw pybind11::error_already_set();
     m.add_object(def->ml_name, pybind11::reinterpret_steal<pybind11::object>(fn));
   }
-  m.def(
-      "eager_init",
-      [](pybind11::object profiler_module, const std::string& flag, pybind11::object capturing) {
-        Py_XDECREF(g_profiler_module);
-        Py_XDECREF(g_profiler_flag);
-        Py_XDECREF(g_capturing);
-        g_profiler_module = profiler_module.release().ptr();
-        g_profiler_flag = PyUnicode_InternFromString(flag.c_str());
-        g_capturing = capturing.release().ptr();
-      },
-      "Where the fast path reads whether a profiler runs (module, attribute), and "
-      "torch.cuda.is_current_stream_capturing.");
 }
 
 }  // namespace torchcond

@@ -236,6 +236,12 @@ int snapshot_same(PyObject* probes, PyObject* snapshot) {
 }
 
 void bind_watch(pybind11::module& m) {
+  pybind11::dict kinds;  // state.py's probe kinds, by name
+  const std::pair<const char*, Kind> named[] = {{"attr", kAttr}, {"item", kItem}, {"cell", kCell},
+                                                {"dict", kDict}, {"list", kList}, {"set", kSet},
+                                                {"type", kType}, {"tensor", kTensor}};
+  for (const auto& [name, kind] : named) kinds[name] = static_cast<long>(kind);
+  m.attr("WATCH_PROBES") = kinds;
   for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw pybind11::error_already_set();

@@ -96,14 +96,15 @@ std::string op_name(const c10::FunctionSchema& schema) {  // aten.add_.Tensor, a
   return name + "." + (schema.overload_name().empty() ? "default" : schema.overload_name());
 }
 
-// Python's write_guard._WHY has one message per value, and its own 4.
+// Why a write is refused. Python reads these by name (torchcond._C.WRITE_REFUSALS) and
+// keeps one message per name (write_guard._WHY).
 enum Why : int64_t {
   kOutside = 0,
   kShared = 1,
   kNeedsGrad = 2,
   kOutsideElements = 3,
-  kMetadata = 5,
-  kAutogradState = 6
+  kMetadata = 4,
+  kAutogradState = 5
 };
 
 struct Refusal {
@@ -679,15 +680,18 @@ ObservedRun run_observed(PyObject* branch, PyObject* args) {
   }
   const std::vector<bool> every(bases.size(), true);
   Recorder recorder(std::move(bases), std::vector<bool>(every.size(), false));
-  const BranchRun run = run_held(recorder, branch, args, every);
-  const bool clean = run.kept && !recorder.wrote();
-  if (!clean) {
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    recorder.undo();
-    PyErr_Restore(type, value, traceback);
+  BranchRun run = run_held(recorder, branch, args, every);
+  if (run.out != nullptr && !run.kept) {  // as run_recorded: the refusal is an error
+    Py_CLEAR(run.out);
+    PyErr_SetString(PyExc_RuntimeError, kStateRefused);
   }
-  return {run.out, clean};
+  if (run.out != nullptr && !recorder.wrote()) return {run.out, pybind11::none()};
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  pybind11::object kept =
+      pybind11::cast(new Recorder(std::move(recorder)), pybind11::return_value_policy::take_ownership);
+  PyErr_Restore(type, value, traceback);
+  return {run.out, std::move(kept)};
 }
 
 void bind_write_recorder(pybind11::module& m) {
@@ -742,6 +746,14 @@ void bind_write_recorder(pybind11::module& m) {
       .def_property_readonly("wrote", &Recorder::wrote)
       .def_property_readonly("saved", &Recorder::saved)
       .def_property_readonly("refusal", [](const Recorder& r) { return as_tuple(r.refusal()); });
+  py::dict why;
+  why["outside"] = static_cast<int64_t>(kOutside);
+  why["shared"] = static_cast<int64_t>(kShared);
+  why["needs_grad"] = static_cast<int64_t>(kNeedsGrad);
+  why["outside_elements"] = static_cast<int64_t>(kOutsideElements);
+  why["metadata"] = static_cast<int64_t>(kMetadata);
+  why["autograd_state"] = static_cast<int64_t>(kAutogradState);
+  m.attr("WRITE_REFUSALS") = why;
   for (PyMethodDef* def = kRecorderMethods; def->ml_name != nullptr; ++def) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw py::error_already_set();

@@ -10,6 +10,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 import torchcond
 from torchcond import BranchMismatchError, BranchMutationError, CondArgumentError, cond, switch
+from torchcond._src.api import _ONE_CALL as ONE_CALL
 
 XS = torch.tensor([[1.0, 2.0], [-1.0, -3.0], [0.5, -0.1], [2.0, -0.5]], dtype=torch.float64)
 
@@ -816,7 +817,7 @@ FLAGS = torch.tensor([True, False, False, True])
 def test_without_a_gradient_a_per_example_cond_is_one_c_call():
     # The call api.cond makes; None would mean the general path.
     def direct(p, x):
-        out = torchcond._C.per_example_cond(p, _t, _f, (x,))
+        out = torchcond._C.per_example_cond(ONE_CALL, p, _t, _f, (x,))
         assert out is not None
         return out
 
@@ -827,7 +828,7 @@ def test_without_a_gradient_a_per_example_cond_is_one_c_call():
     answers = []
 
     def general(p, x, t):
-        answers.append(torchcond._C.per_example_cond(p, t, _f, (x,)))
+        answers.append(torchcond._C.per_example_cond(ONE_CALL, p, t, _f, (x,)))
         return x
 
     for p, t, grad in ((FLAGS, _t, True), (FLAGS.double(), _t, False), (FLAGS, torch.sin, False)):

@@ -15,6 +15,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchcond import _C
+from torchcond._src.api import _EAGER as EAGER
 from torchcond._src.host import PLAIN, TRANSFORM, UNDER_MODE, host_readable
 from torchcond._src.ops import cond_op
 
@@ -29,11 +30,11 @@ class Quiet(TorchDispatchMode):
 def answers(selector) -> dict:
     """Every asker's answer, and whether the eager fast paths took a branch."""
     x = torch.ones(2)
-    fast = _C.taken_branch(selector, torch.cos, torch.sin, (x,)) is not None
+    fast = _C.taken_branch(EAGER, selector, torch.cos, torch.sin, (x,)) is not None
     integral = isinstance(selector, torch.Tensor) and not selector.is_floating_point()
     if integral and selector.dtype not in (torch.bool, torch.uint64) and not selector.is_complex():
         # switch's fast path reads an integer selector under the same rule.
-        assert (_C.taken_case(selector, [torch.cos, torch.sin], (x,)) is not None) == fast
+        assert (_C.taken_case(EAGER, selector, [torch.cos, torch.sin], (x,)) is not None) == fast
     return {
         "plain": host_readable(selector, PLAIN),
         "under_mode": host_readable(selector, UNDER_MODE, cond_op),

@@ -36,7 +36,9 @@ def test_finds_private_torch_names(source, names):
 
 
 def test_package_uses_private_torch_only_in_compat(capsys):
-    assert check.main(["check", str(ROOT / "torchcond")]) == 0, capsys.readouterr().out
+    assert check.main(["check", str(ROOT / "torchcond"), str(ROOT / "csrc")]) == 0, (
+        capsys.readouterr().out
+    )
 
 
 def test_reports_a_use_outside_compat(tmp_path, capsys):
@@ -44,7 +46,42 @@ def test_reports_a_use_outside_compat(tmp_path, capsys):
     (pkg / "_compat").mkdir(parents=True)
     (pkg / "_compat" / "__init__.py").write_text("import torch\nf = torch._C._x\n")
     (pkg / "api.py").write_text("import torch\n\nf = torch._C._y\n")
-    assert check.main(["check", str(pkg)]) == 1
+    assert check.main(["check", str(pkg), str(ROOT / "csrc")]) == 1
     out = capsys.readouterr().out
     assert f"{pkg}/api.py:3:5: private torch API torch._C._y" in out
     assert "_compat/__init__.py" not in out
+
+
+@pytest.mark.parametrize(
+    "source, names",
+    [
+        ("def f(m):\n    return m._buffers", ["._buffers"]),
+        ("def f(t):\n    return t._version + 1", ["._version"]),
+        # torchcond's own private names, its extension's, and a named tuple's are fine.
+        ("def _g():\n    pass\n\ndef f(m):\n    return m._g", []),
+        ("from . import _C\n_C._check_select", []),
+        ("def f(p):\n    return p._replace(x=1)", []),
+    ],
+)
+def test_finds_private_attributes(source, names):
+    defined = {"_g", "_C"}
+    assert [name for _, _, name in check.private_attributes(source, defined)] == names
+
+
+def test_reports_private_cpp_not_listed_and_listings_not_used(tmp_path, capsys):
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    for path in (ROOT / "csrc").rglob("*"):
+        if path.suffix in (".cpp", ".h", ".cu", ".cuh"):
+            (csrc / path.name).write_text(path.read_text())
+    assert check.check_cpp(csrc) == 0, capsys.readouterr().out
+    (csrc / "ops.cpp").write_text(
+        (csrc / "ops.cpp").read_text() + "\nauto k = c10::impl::tls_local_dispatch_key_set();\n"
+    )
+    (csrc / "eager.cpp").write_text(
+        (csrc / "eager.cpp").read_text().replace("torch::jit::tracer::isTracing", "false")
+    )
+    assert check.check_cpp(csrc) == 2
+    out = capsys.readouterr().out
+    assert "ops.cpp" in out and "private torch C++ c10::impl::tls_local_dispatch_key_set" in out
+    assert "CPP_USES lists torch::jit::tracer::isTracing for eager, which no longer uses it" in out

@@ -1,7 +1,5 @@
 """Properties: cond/switch equal a Python `if`/index over random pytrees, shapes, dtypes."""
 
-import types
-
 import torch
 import torch.utils._pytree as pytree
 from helpers import examples
@@ -225,11 +223,6 @@ OUTPUTS = {
 }
 
 
-def _with_fresh_code(fn):
-    code = fn.__code__.replace()
-    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
 @SETTINGS
 @given(
     st.sampled_from(["select", "vmap"]),
@@ -244,9 +237,9 @@ def test_every_branch_without_gradient_equals_python_if(
     how, output, t_writes, f_writes, flags, mode, seed
 ):
     """Without a gradient one C call runs both branches and selects, and hands what it
-    does not cover (writes, numbers, dicts, nesting) to the general path. Either way the
-    result is what a Python `if` gives (per example under vmap), and so are the
-    operand's writes."""
+    does not cover (writes, numbers, dicts, nesting) to the general path, with the calls
+    it made. Either way the result is what a Python `if` gives (per example under vmap),
+    and so are the operand's writes."""
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(len(flags), 3, generator=g), torch.randn(3, generator=g)
 
@@ -265,9 +258,6 @@ def test_every_branch_without_gradient_equals_python_if(
         expected = [t(refs) if flags[0] else f(refs)]
     else:
         expected = [(t if p else f)(row) for p, row in zip(flags, refs)]
-    # Code the general path took once goes there again (state.fast_record). Fresh code
-    # lets each example start in the C call.
-    t, f = _with_fresh_code(t), _with_fresh_code(f)
     with mode():
         if how == "select":
             out = cond(torch.tensor(flags[0]), t, f, (x,), strategy="select")

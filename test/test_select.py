@@ -17,6 +17,7 @@ from cuda_emulation import emulation_ops
 
 import torchcond
 from torchcond import CondArgumentError, select, select_n
+from torchcond._src.api import _ONE_CALL as ONE_CALL
 
 OPS = torch.ops.torchcond
 CUDA = torch.cuda.is_available()
@@ -1426,18 +1427,18 @@ def test_without_a_gradient_strategy_select_is_one_c_call():
 
     with torch.no_grad():
         for taken in (True, False):
-            got = torchcond._C.select_cond(torch.tensor(taken), t, f, (x,))
+            got = torchcond._C.select_cond(ONE_CALL, torch.tensor(taken), t, f, (x,))
             assert got[1] is x  # every branch returns it: not selected
             torch.testing.assert_close(got[0], (t if taken else f)(x)[0])
         # A predicate with a shape, a builtin branch, and under vmap: the general path.
-        assert torchcond._C.select_cond(torch.tensor([True]), t, f, (x,)) is None
-        assert torchcond._C.select_cond(torch.tensor(True), torch.sin, f, (x,)) is None
+        assert torchcond._C.select_cond(ONE_CALL, torch.tensor([True]), t, f, (x,)) is None
+        assert torchcond._C.select_cond(ONE_CALL, torch.tensor(True), torch.sin, f, (x,)) is None
         answers = []
 
         def under_vmap(x):
-            answers.append(torchcond._C.select_cond(torch.tensor(True), t, f, (x,)))
+            answers.append(torchcond._C.select_cond(ONE_CALL, torch.tensor(True), t, f, (x,)))
             return x
 
         torch.vmap(under_vmap)(x)
         assert answers == [None]
-    assert torchcond._C.select_cond(torch.tensor(True), t, f, (x,)) is None  # a gradient
+    assert torchcond._C.select_cond(ONE_CALL, torch.tensor(True), t, f, (x,)) is None  # a gradient

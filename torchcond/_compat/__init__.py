@@ -387,6 +387,33 @@ def schema_of(op: OpOverload) -> torch.FunctionSchema:
     return op._schema
 
 
+# nn.Module's own dicts of its parameters, buffers and submodules, by the private field
+# that holds each (2.11-2.15). state.py watches them and puts them back.
+MODULE_REGISTRIES = ("_parameters", "_buffers", "_modules")
+
+
+def module_parameters(module: torch.nn.Module) -> dict:
+    return module._parameters
+
+
+def module_buffers(module: torch.nn.Module) -> dict:
+    return module._buffers
+
+
+def module_children(module: torch.nn.Module) -> dict:
+    return module._modules
+
+
+def tensor_version(t: torch.Tensor) -> int:
+    """The count of in-place writes to ``t``'s storage (2.11-2.15)."""
+    return t._version
+
+
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two strided tensors have one storage (2.11-2.15)."""
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
 def storage_key(t: torch.Tensor) -> StorageWeakRef:
     """Return the identity of ``t``'s storage, real or fake. Views of one tensor share it.
 
@@ -916,7 +943,7 @@ def profiler_enabled() -> bool:
     return _autograd_profiler._is_profiler_enabled
 
 
-# The same flag for C++ (torchcond._C.eager_init), as the module and the attribute's name.
+# The same flag for C++ (the eager context of api._EAGER), as the module and the attribute's name.
 PROFILER_FLAG = (_autograd_profiler, "_is_profiler_enabled")
 
 

@@ -99,10 +99,42 @@ def compile_time_error(error_type: type[CondError], message: str) -> CondError:
     return both(message)
 
 
-def install(kinds: dict, check_outputs, refuse_writes, state_rules, number_rules) -> None:
+class StateRules(NamedTuple):
+    """The rules of ``_src/state.py`` that ``_settle`` asks: each raises the
+    ``BranchMutationError`` for a change that a branch may not make. This module only
+    reads dynamo's records of what a branch changed."""
+
+    refuse_autograd_state: Callable
+    refuse_python_state: Callable
+    refuse_attribute: Callable
+    # check_registry_change(label, attr, registry, old, new, under_select), with
+    # ``absent`` for a value that is not there.
+    check_registry_change: Callable
+    absent: object
+
+
+class NumberRules(NamedTuple):
+    """The rules of ``_src/numbers.py`` for a number that a branch returns."""
+
+    # ``value_positions(treespec)`` maps each number leaf's position to its tensor's.
+    value_positions: Callable
+    # ``check_kinds_in_specs(labels, specs)`` raises for numbers of different kinds.
+    check_kinds_in_specs: Callable
+    # ``dynamo_info(per_branch, shape_env)`` records what every branch returns there.
+    dynamo_info: Callable
+
+
+def install(
+    kinds: dict,
+    check_outputs: Callable,
+    refuse_writes: Callable,
+    state_rules: StateRules,
+    number_rules: NumberRules,
+) -> None:
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
-    ``kinds`` maps each operator to ``(taken_index, labels, warn_if_exporting)``. The
+    ``kinds`` maps each operator to ``(taken_index, labels, warn_if_exporting,
+    known_index)``. The
     fields of ``_Operator`` describe these callables and the rules.
     """
     rules = (check_outputs, refuse_writes, state_rules, number_rules)
@@ -121,6 +153,9 @@ class _Operator(NamedTuple):
     labels: Callable
     # ``warn_if_exporting(constant_selector)`` warns that export keeps only that branch.
     warn_if_exporting: Callable
+    # ``known_index(symbolic_selector, n)`` returns the branch that a SymBool or SymInt
+    # takes for every input the shape environment admits, or None.
+    known_index: Callable
     # ``check_outputs(per_branch_outputs, labels, out_spec)`` raises when the speculated
     # branches' outputs cannot be one operator's outputs. Its error names the output path.
     check_outputs: Callable
@@ -129,16 +164,16 @@ class _Operator(NamedTuple):
     refuse_writes: Callable
     # The rules of ``_src/state.py``. They say what a branch may change outside itself,
     # and give the errors for what it may not (see ``_settle``).
-    state_rules: Any
+    state_rules: StateRules
     # The rules of ``_src/numbers.py`` for a number that a branch returns.
     # ``pytrees.speculated`` makes such a number a ``Carried`` (see ``_number_values``).
-    number_rules: Any
+    number_rules: NumberRules
 
 
 def _register(hop, kinds: dict, *rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
-    for op, (taken_index, labels, warn_if_exporting) in kinds.items():
-        spec = _Operator(op.name(), taken_index, labels, warn_if_exporting, *rules)
+    for op, (taken_index, labels, warn_if_exporting, known_index) in kinds.items():
+        spec = _Operator(op.name(), taken_index, labels, warn_if_exporting, known_index, *rules)
         registry[op.name()] = _make_variable_class(hop, spec)
 
 
@@ -200,6 +235,9 @@ class _ConditionalVariable:
         call = self._arguments(tx, args, kwargs)
         if call.selector.is_python_constant():
             return self._taken_branch(tx, call)
+        known = self._known_index(call)
+        if known is not None:
+            return call.branches[known].call_function(tx, list(call.operands), {})
         branches = [
             self._speculate(tx, label, branch, call.operands, call.may_write)
             for label, branch in zip(call.labels, call.branches)
@@ -215,9 +253,10 @@ class _ConditionalVariable:
         """Return the call's arguments, checked. A bad argument raises dynamo's ``Unsupported``."""
         v = _variables()
         args, kwargs = v.lazy.LazyVariableTracker.realize_all((args, kwargs))
-        # ``may_write=False`` is a keyword of this hook, not of the operator (see
-        # api._operator_under_dynamo). The caller passes it when all branches run, taken
-        # or not. Then no branch may write outside itself.
+        # ``may_write=False`` is a keyword that only this hook reads (the operator's
+        # __call__ refuses it outside dynamo; api._operator_under_dynamo). The caller
+        # passes it when all branches run, taken or not. Then no branch may write
+        # outside itself.
         may_write = kwargs.pop("may_write", v.ConstantVariable.create(True))
         # ``closures_read_as`` is how a mode that stands in for closed-over tensors
         # (closures.StandIns) reads them. That mode cannot be entered inside the branches.
@@ -243,6 +282,19 @@ class _ConditionalVariable:
             self._refuse("the selector must be a tensor or a SymBool/SymInt", selector)
         labels = self._op.labels(len(branches))
         return _Call(selector, branches, operand_vts, may_write, read_as, speculate_only, labels)
+
+    def _known_index(self, call: _Call) -> int | None:
+        """The branch a SymBool or SymInt selector takes for every input that the
+        compiled graph's guards admit, or None. Only torch.compile folds it: dynamo's
+        guards check the sizes' ranges on every call. An exported program has no such
+        guards, and export traces a dynamic size as at least 2 while the program admits
+        0 and 1, so there every branch stays."""
+        if (
+            not isinstance(call.selector, _variables().SymNodeVariable)
+            or torch.compiler.is_exporting()
+        ):
+            return None
+        return self._op.known_index(call.selector.sym_num, len(call.branches))
 
     def _taken_branch(self, tx, call: _Call):
         """Inline the branch that a constant selector takes."""
@@ -784,19 +836,16 @@ def _registry_changes(seen: _Seen, member: str, label: str, may_write: bool, sta
         if old is new:
             continue
         attr = f"{owner}.{key.vt.as_python_constant()}"
-        if old is None or new is None:
-            registered = {"_buffers": "buffer", "_parameters": "parameter"}.get(member, "submodule")
-            what = f"registers a new {registered}" if old is None else f"removes the {registered}"
-            state_rules.refuse_registration(label, attr, what)
-        if member == "_parameters":
-            state_rules.refuse_parameter(label, attr)
-        if member == "_modules":
-            state_rules.refuse_registration(label, attr, "assigns the submodule")
-        assert old is not None and new is not None  # refused above
-        old, new = old.realize(), new.realize()
-        state_rules.check_buffer_value(label, attr, _example(old), _example(new, python=True))
-        if not may_write:
-            state_rules.refuse_under_select(label, attr)
+        old = None if old is None else old.realize()
+        new = None if new is None else new.realize()
+        state_rules.check_registry_change(
+            label,
+            attr,
+            member,
+            state_rules.absent if old is None else _example(old),
+            state_rules.absent if new is None else _example(new, python=True),
+            under_select=not may_write,
+        )
         writes.append((old, new))
     seen.restore_items()
     return writes

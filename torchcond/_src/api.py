@@ -19,6 +19,8 @@ from .._compat.dynamo import raise_at_compile_time as _raise_compiled
 from .._compat.dynamo import tracing_a_subgraph as _in_subgraph
 from ..errors import CondArgumentError, CondError
 from . import strategies
+from .handoff import Handoff as _Handoff
+from .handoff import Ran, taken_over
 from .host import host_readable
 from .kinds import (
     ConditionalKind,
@@ -32,6 +34,7 @@ from .kinds import (
 from .numbers import restored_under_dynamo
 from .ops import call, cond_op, kind_of, switch_op
 from .pytrees import check_operand_leaves, raise_if_arity_error, run_flat, speculated
+from .state import ONE_CALL
 from .strategies import Strategy
 
 # The conditional returns what its branches return, so they must agree on the type.
@@ -47,15 +50,20 @@ _dynamo_compiling = torch.compiler.is_dynamo_compiling
 # the call to the slow path, which decides precisely.
 # The readability checks mirror host.host_readable(selector, PLAIN), inlined in C for
 # speed. test/test_host_readable.py checks that the two agree.
-_C.eager_init(*_compat.PROFILER_FLAG, torch.cuda.is_current_stream_capturing)
+# What the C call reads of Python (EagerContext in csrc/write_recorder.h).
+_EAGER = (*_compat.PROFILER_FLAG, torch.cuda.is_current_stream_capturing)
 _taken_branch = _C.taken_branch
 _taken_case = _C.taken_case
 # Under vmap with a per-example predicate and no gradient, one C call runs both
 # branches and selects (csrc/batching.cpp). It returns None to leave the call to the
 # general path, where the vmap rule (batching.per_example) does the same and the rest.
+# Once a branch has run, it returns a Handoff instead, and the general path goes on
+# from there without running that branch again (handoff.py).
 _per_example_cond = _C.per_example_cond
 # The same for strategy="select" outside any torch.func transform.
 _select_cond = _C.select_cond
+# What these two read and call of Python (OneCall in csrc/batching.cpp).
+_ONE_CALL = (*ONE_CALL, _EAGER)
 # Under a profiler, the slow path records the conditional's ranges (``_general_path``).
 _profiling = _compat.profiler_enabled
 # The dynamo path reads only module-level names such as these. A compiled function
@@ -157,7 +165,7 @@ def cond(
     if _dynamo_compiling():
         return _cond_under_dynamo(pred, true_fn, false_fn, operands, strategy)
     if strategy == "auto" and not check_branches:
-        fn = _taken_branch(pred, true_fn, false_fn, operands)
+        fn = _taken_branch(_EAGER, pred, true_fn, false_fn, operands)
         if fn is not None:
             try:
                 return fn(*operands)
@@ -165,14 +173,25 @@ def cond(
                 label = "true_fn" if bool(pred) else "false_fn"
                 raise_if_arity_error(error, fn, label, operands)
                 raise
-        out = _per_example_cond(pred, true_fn, false_fn, operands)
+        out = _per_example_cond(_ONE_CALL, pred, true_fn, false_fn, operands)
+        if type(out) is _Handoff:
+            return _go_on(out, pred, true_fn, false_fn, operands, strategy)
         if out is not None:
             return out
     elif strategy == "select" and not check_branches:
-        out = _select_cond(pred, true_fn, false_fn, operands)
+        out = _select_cond(_ONE_CALL, pred, true_fn, false_fn, operands)
+        if type(out) is _Handoff:
+            return _go_on(out, pred, true_fn, false_fn, operands, strategy)
         if out is not None:
             return out
     return _general_path(_COND, pred, (true_fn, false_fn), operands, strategy, check_branches)
+
+
+def _go_on(handoff, pred, true_fn, false_fn, operands, strategy):
+    """Finish a call that a one-call path started: the general path takes the branch
+    calls that already happened (handoff.py) and runs only the rest."""
+    ran = taken_over(handoff, ("true_fn", "false_fn"), operands)
+    return _general_path(_COND, pred, (true_fn, false_fn), operands, strategy, ran=ran)
 
 
 def switch(
@@ -231,7 +250,7 @@ def switch(
     if _dynamo_compiling():
         return _switch_under_dynamo(index, branches, operands, strategy)
     if strategy == "auto" and not check_branches:
-        fn = _taken_case(index, branches, operands)
+        fn = _taken_case(_EAGER, index, branches, operands)
         if fn is not None:
             try:
                 return fn(*operands)
@@ -311,7 +330,8 @@ def _operator_under_dynamo(
     ``op``. Pass ``may_write=False`` when every branch runs, as on the select path.
     The hook then refuses branch writes to anything from outside them. With
     ``speculate_only``, the hook checks the branches and emits no node. Both are
-    keywords of the hook, not of the operator, so each is passed only when set.
+    keywords that only the hook reads (ops.CondOp.__call__), so each is passed only
+    when set.
     """
     kw: dict = {} if may_write else {"may_write": False}
     if speculate_only:
@@ -327,26 +347,38 @@ def _operator_under_dynamo(
 
 
 def _general_path(
-    kind: ConditionalKind, selector, branches, operands, strategy="auto", check_branches=False
+    kind: ConditionalKind,
+    selector,
+    branches,
+    operands,
+    strategy="auto",
+    check_branches=False,
+    ran: Sequence[Ran] = (),
 ):
     """Check the arguments and route the call, in a profiler range when a profiler runs.
-    The eager fast path in ``cond`` and ``switch`` has already taken the common case."""
+    The eager fast path in ``cond`` and ``switch`` has already taken the common case.
+    ``ran`` holds the branch calls that a one-call path already made (handoff.py)."""
     if not _dynamo_compiling() and _profiling():
         with torch.autograd.profiler.record_function(f"torchcond.{kind.name}"):
-            return _check_and_route(kind, selector, branches, operands, strategy, check_branches)
-    return _check_and_route(kind, selector, branches, operands, strategy, check_branches)
+            return _check_and_route(
+                kind, selector, branches, operands, strategy, check_branches, ran
+            )
+    return _check_and_route(kind, selector, branches, operands, strategy, check_branches, ran)
 
 
-def _check_and_route(kind: ConditionalKind, selector, branches, operands, strategy, check_branches):
+def _check_and_route(
+    kind: ConditionalKind, selector, branches, operands, strategy, check_branches, ran=()
+):
     """Check the arguments, then route the call. It goes to the select path, to the
     taken branch when the selector is a constant or the host can read it, or else to
-    the operator."""
+    the operator. Only the select path and the operator take ``ran``: the one-call
+    paths run branches only where the call goes there."""
     branches = kind.check_branches(branches)
     _check_operands(operands)
     n = len(branches)
     labelled = list(zip(branches, kind.labels(n)))
     if strategies.chooses_select(strategy, selector):
-        return _select_path(kind, kind.normalize(selector, n), labelled, operands, strategy)
+        return _select_path(kind, kind.normalize(selector, n), labelled, operands, strategy, ran)
     selector = python_scalar(selector)
     if kind.is_constant(selector):
         kind.warn_if_exporting(selector, stacklevel=4)
@@ -360,7 +392,7 @@ def _check_and_route(kind: ConditionalKind, selector, branches, operands, strate
             return _run_concrete(kind, labelled, taken, operands, check_branches)
     else:  # symbolic, or a bad type that normalize reports
         selector = kind.normalize(selector, n)
-    return _call_operator(kind.op, selector, labelled, operands)
+    return _call_operator(kind.op, selector, labelled, operands, ran)
 
 
 def _run_concrete(
@@ -403,7 +435,7 @@ def _run_taken(fn, label: str, operands):
         raise
 
 
-def _call_operator(op, selector, labelled_branches, operands):
+def _call_operator(op, selector, labelled_branches, operands, ran: Sequence[Ran] = ()):
     """Call ``op(selector, *branches, operands)`` on flat operands and rebuild the pytree."""
     kind = kind_of(op)
     return run_flat(
@@ -411,10 +443,13 @@ def _call_operator(op, selector, labelled_branches, operands):
         operands,
         lambda branches, flat, labels: call(kind, selector, branches, flat),
         selector=selector,
+        ran=ran,
     )
 
 
-def _select_path(kind: ConditionalKind, selector, labelled_branches, operands, strategy):
+def _select_path(
+    kind: ConditionalKind, selector, labelled_branches, operands, strategy, ran: Sequence[Ran] = ()
+):
     """Run the branches on flat operands as ``strategies.runner`` says."""
     if not isinstance(selector, torch.Tensor):  # a SymBool or a SymInt
         selector = torch.scalar_tensor(selector, dtype=kind.selector_dtype)
@@ -454,6 +489,7 @@ def _select_path(kind: ConditionalKind, selector, labelled_branches, operands, s
         strategies.runner(kind, selector, strategy),
         selected=True,
         selector=selector,
+        ran=ran,
     )
 
 

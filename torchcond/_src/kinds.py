@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_false, statically_known_true
 
 from .. import _compat
 from ..errors import CondArgumentError
@@ -61,6 +62,9 @@ class ConditionalKind:
     # A checked symbolic or tensor selector in the operator's form: a SymBool, a
     # clamped SymInt, or the user's tensor unchanged.
     normalize: Callable[[Any, int], Any]
+    # The branch a symbolic selector takes for every input its shape environment admits
+    # (``x.shape[0] > 1`` where the size is at least 2), or None.
+    known_index: Callable[[Any, int], int | None]
 
     def constant_taken_index(self, value, n: int) -> int:
         """Return the branch a Python constant takes, or raise ``CondArgumentError``."""
@@ -112,6 +116,7 @@ def cond_kind(op) -> ConditionalKind:
         branch_indices=lambda pred, n: (as_scalar(pred) == 0).to(torch.int64),
         check_tensor=check_pred_tensor,
         normalize=lambda pred, n: normalize_pred(pred),
+        known_index=_known_pred,
     )
 
 
@@ -130,7 +135,33 @@ def switch_kind(op) -> ConditionalKind:
         branch_indices=lambda index, n: clamped_switch_indices(as_scalar(index), n),
         check_tensor=check_index_tensor,
         normalize=normalize_index,
+        known_index=_known_index,
     )
+
+
+def _known_pred(pred, n: int) -> int | None:
+    """The branch a symbolic predicate takes whatever the sizes are, or None. No guard
+    is added: the shape environment proves it from what it already knows."""
+    if isinstance(pred, (torch.SymInt, torch.SymFloat)):
+        pred = pred != 0
+    if not isinstance(pred, torch.SymBool):
+        return None
+    if statically_known_true(pred):
+        return 0
+    if statically_known_false(pred):
+        return 1
+    return None
+
+
+def _known_index(index, n: int) -> int | None:
+    """The branch a symbolic index takes, clamped, whatever the sizes are, or None."""
+    if not isinstance(index, torch.SymInt):
+        return None
+    if statically_known_true(index <= 0):
+        return 0
+    if statically_known_true(index >= n - 1):
+        return n - 1
+    return next((k for k in range(1, n - 1) if statically_known_true(index == k)), None)
 
 
 def _check_cond_branches(branches) -> list:

@@ -70,8 +70,23 @@ from .tracing import (
 )
 from .untraced import labelled_inputs, refuse_untraced, refuse_wrapped_in_export
 
+# A keyword's default: not given.
+_UNSET: Any = object()
+
 
 class _ConditionalOp(_compat.HigherOrderOperator):
+    def _call(self, args: tuple, speculation: dict):
+        """Call the operator. ``speculation`` holds the keywords that only dynamo's
+        view of it reads (_compat/dynamo.py), where the call is a speculation: they
+        are given only while dynamo traces, which never reaches here."""
+        given = {k: v for k, v in speculation.items() if v is not _UNSET}
+        if given:
+            raise TypeError(
+                f"{self.name()}: the keywords {', '.join(sorted(given))} are read only "
+                "while dynamo traces the call"
+            )
+        return super().__call__(*args)
+
     def dispatch(self, /, dispatch_key, *args, **kwargs):
         # torch finds a mode's rule by the mode's exact type, so a user's mode would
         # have none. modes.py has one rule for all of them.
@@ -87,8 +102,27 @@ class CondOp(_ConditionalOp):
         super().__init__(COND_NAME)
 
     # HigherOrderOperator.__call__ is abstract, so each operator states its signature.
-    def __call__(self, pred, true_fn, false_fn, operands):
-        return super().__call__(pred, true_fn, false_fn, operands)
+    # The keywords are dynamo's: may_write=False refuses branch writes to anything from
+    # outside them, speculate_only=True checks the branches and emits no node, and
+    # closures_read_as is how a closure-reading mode reads closed-over tensors
+    # (api._operator_under_dynamo, closures.StandIns).
+    def __call__(
+        self,
+        pred,
+        true_fn,
+        false_fn,
+        operands,
+        *,
+        may_write=_UNSET,
+        speculate_only=_UNSET,
+        closures_read_as=_UNSET,
+    ):
+        speculation = {
+            "may_write": may_write,
+            "speculate_only": speculate_only,
+            "closures_read_as": closures_read_as,
+        }
+        return self._call((pred, true_fn, false_fn, operands), speculation)
 
 
 class SwitchOp(_ConditionalOp):
@@ -101,8 +135,20 @@ class SwitchOp(_ConditionalOp):
     def __init__(self):
         super().__init__(SWITCH_NAME)
 
-    def __call__(self, index, *branches_then_operands):
-        return super().__call__(index, *branches_then_operands)
+    def __call__(
+        self,
+        index,
+        *branches_then_operands,
+        may_write=_UNSET,
+        speculate_only=_UNSET,
+        closures_read_as=_UNSET,
+    ):
+        speculation = {
+            "may_write": may_write,
+            "speculate_only": speculate_only,
+            "closures_read_as": closures_read_as,
+        }
+        return self._call((index, *branches_then_operands), speculation)
 
 
 cond_op = CondOp()
@@ -400,13 +446,26 @@ for _kind in _KINDS.values():
 
 _compat_dynamo.install(
     {
-        kind.op: (kind.constant_taken_index, kind.labels, kind.warn_if_exporting)
+        kind.op: (
+            kind.constant_taken_index,
+            kind.labels,
+            kind.warn_if_exporting,
+            kind.known_index,
+        )
         for kind in _KINDS.values()
     },
     _check_named_outputs,
     refuse_writes_under_transform,
-    state,
-    numbers,
+    _compat_dynamo.StateRules(
+        state.refuse_autograd_state,
+        state.refuse_python_state,
+        state.refuse_attribute,
+        state.check_registry_change,
+        state.ABSENT,
+    ),
+    _compat_dynamo.NumberRules(
+        numbers.value_positions, numbers.check_kinds_in_specs, numbers.dynamo_info
+    ),
 )
 _compat_export.install(frozenset(kind.op.name() for kind in _KINDS.values()))
 _compat_inductor.install(cond_op, switch_op, in_place)

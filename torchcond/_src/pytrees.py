@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Sequence
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import torch
 
@@ -23,6 +23,12 @@ from .._compat.dynamo import raise_at_compile_time
 from ..errors import BranchMismatchError, CondArgumentError, CondError, UnsupportedCondError
 from . import numbers
 from .state import run_branch
+
+
+class Ran(Protocol):
+    """A branch's call that already happened (``handoff.Ran``)."""
+
+    def result(self, operands: Sequence) -> object: ...
 
 
 def describe_structure(spec: pytree.TreeSpec) -> str:
@@ -187,13 +193,22 @@ class Outputs:
 
 class FlatBranch:
     """A user branch that takes flat tensor operands and returns a flat tuple. An
-    ``in_spec`` of None means that the operands are already a flat tuple of tensors."""
+    ``in_spec`` of None means that the operands are already a flat tuple of tensors.
+    ``ran`` is this call of the branch where it already happened (handoff.py)."""
 
-    def __init__(self, fn: Callable, in_spec: pytree.TreeSpec | None, label: str, outputs: Outputs):
+    def __init__(
+        self,
+        fn: Callable,
+        in_spec: pytree.TreeSpec | None,
+        label: str,
+        outputs: Outputs,
+        ran: Ran | None = None,
+    ):
         self.fn = fn
         self.in_spec = in_spec
         self.label = label
         self.outputs = outputs
+        self.ran = ran
         self.__name__ = getattr(fn, "__name__", label)
 
     def __call__(self, *flat_operands):
@@ -202,7 +217,10 @@ class FlatBranch:
         else:
             operands = pytree.tree_unflatten(list(flat_operands), self.in_spec)
         try:
-            out = run_branch(self.fn, self.label, operands)
+            if self.ran is None:
+                out = run_branch(self.fn, self.label, operands)
+            else:
+                out = self.ran.result(operands)
         except TypeError as error:
             raise_if_arity_error(error, self.fn, self.label, operands)
             raise
@@ -278,14 +296,20 @@ def _object_in(tree) -> str | None:
 
 
 def run_flat(
-    labelled_branches, operands, run: Callable, selected: bool = False, selector=None
+    labelled_branches,
+    operands,
+    run: Callable,
+    selected: bool = False,
+    selector=None,
+    ran: Sequence[Ran] = (),
 ) -> object:
     """Call ``run(flat_branches, flat_operands, labels)`` and rebuild the user's output.
 
     ``selected`` means that every branch runs and a select picks, so numbers stay 0-d
-    tensors. A number crosses on the device of a tensor ``selector``. A ``CondError``
-    raised below about a flat output or operand comes out naming it as the user wrote
-    it (``output[1]['h']``, ``operands[0]['k']``).
+    tensors. A number crosses on the device of a tensor ``selector``. ``ran`` holds
+    the calls of the first branches that already happened (handoff.py). A
+    ``CondError`` raised below about a flat output or operand comes out naming it as the
+    user wrote it (``output[1]['h']``, ``operands[0]['k']``).
     """
     in_spec: pytree.TreeSpec | None
     if not _dynamo_compiling() and _plain_tensors(operands, False):
@@ -295,7 +319,10 @@ def run_flat(
         flat_operands = tuple(flat)
     outputs = Outputs(selector.device if isinstance(selector, torch.Tensor) else None)
     labels = [label for _, label in labelled_branches]
-    branches = [FlatBranch(fn, in_spec, label, outputs) for fn, label in labelled_branches]
+    branches = [
+        FlatBranch(fn, in_spec, label, outputs, ran[k] if k < len(ran) else None)
+        for k, (fn, label) in enumerate(labelled_branches)
+    ]
     try:
         flat_out = run(branches, flat_operands, labels)
     except CondError as error:

@@ -30,7 +30,7 @@ import operator
 import sys
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import torch
@@ -151,6 +151,31 @@ def refuse_registration(label: str, attr: str, what: str) -> NoReturn:
     )
 
 
+_REGISTERED = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
+
+
+def check_registry_change(
+    label: str, attr: str, registry: str, old, new, under_select: bool
+) -> None:
+    """The one rule for a branch that changes what a module registers as ``attr``:
+    ``registry`` is ``"_parameters"``, ``"_buffers"`` or ``"_modules"``, and ``old`` and
+    ``new`` are the values before and after, ``ABSENT`` where there is none (an old
+    None counts as none). Only a buffer assigned a value that fits, in a branch that
+    runs only when taken, becomes a write (``check_buffer_value``). Anything else raises."""
+    kind = _REGISTERED[registry]
+    if old is ABSENT or old is None:
+        refuse_registration(label, attr, f"registers a new {kind}")
+    if new is ABSENT:
+        refuse_registration(label, attr, f"removes the {kind}")
+    if kind == "parameter":
+        refuse_parameter(label, attr)
+    if kind == "submodule":
+        refuse_registration(label, attr, "assigns the submodule")
+    check_buffer_value(label, attr, old, new)
+    if under_select:
+        refuse_under_select(label, attr)
+
+
 def refuse_python_state(label: str, what: str | None, kind: str) -> NoReturn:
     """Raise for a branch that changes ``what`` in a way that no traced program replays.
     ``what`` is a name such as ``self.log``, or None. ``kind`` is a type such as ``list``."""
@@ -224,26 +249,28 @@ def run_branch(fn: Callable, label: str, operands) -> object:
     how = _EVERY_BRANCH.get()
     if how is None:
         return fn(*operands)
-    watch = _Watch(_found(fn), label)
+    watch = _Watch(_watched(fn, label), label)
     with _compat.only_buffer_registration_hook(watch.assigned):
         try:
             out = fn(*operands)
         except BaseException:
-            watch.restore()
+            watch.after(failed=True, under_select=how == "select")
             raise
-    if not watch.buffers and watch.found.unchanged():
-        return out  # Most often, the branch changed nothing that it can reach.
-    for buffer, value in watch.settle(under_select=how == "select"):
-        buffer.copy_(value)
+    watch.after(failed=False, under_select=how == "select")
     return out
 
 
 _MISSING = object()
+# What check_registry_change takes for a value that is not there.
+ABSENT = _MISSING
 
 
 # Probe kinds for what a branch can reach (torchcond._C.watch_snapshot, csrc/watch.cpp).
 # A probe is a tuple (kind, object[, key]). What it reads is compared by identity.
-_ATTR, _ITEM, _CELL, _DICT, _LIST, _SET, _TYPE, _TENSOR = range(8)
+_ATTR, _ITEM, _CELL, _DICT, _LIST, _SET, _TYPE, _TENSOR = (
+    _C.WATCH_PROBES[name]
+    for name in ("attr", "item", "cell", "dict", "list", "set", "type", "tensor")
+)
 
 
 def _contents_probe(value) -> tuple | None:
@@ -269,11 +296,14 @@ class _Found:
     The probes cover everything read to find the states and everything they compare.
     While every probe reads as it did, a new search would find the same states."""
 
-    __slots__ = ("probes", "root", "snapshot", "states", "valid")
+    __slots__ = ("iterators", "probes", "root", "snapshot", "states", "valid")
 
     def __init__(self, fn: Callable):
         self.probes: list[tuple] = []
-        self.states = _reachable(fn, self.probes)
+        finder = _reachable(fn, self.probes)
+        self.states = finder.states
+        # (name, iterator) for each iterator it reaches, which no state can watch.
+        self.iterators = finder.iterators
         self.snapshot = _C.watch_snapshot(self.probes)
         for state in self.states:
             if type(state) is _TensorState:  # It compares and puts back what the probe held.
@@ -329,48 +359,46 @@ def _found(fn: Callable) -> _Found:
     return found
 
 
-# The code objects of functions that the C++ per-example cond handed to the general
-# path once, by id, held weakly. Their later calls go there directly, so a branch that
-# writes is not run twice each call. Branches defined inside a function are new
-# functions on every call, but share their code.
-_GENERAL_CODE: dict[int, weakref.ref] = {}
-
-
-def fast_record(fn) -> _Found | None:
-    """Return the record of a plain function ``fn`` that the eager per-example cond in
-    C++ may run (csrc/batching.cpp), or None. That code compares the record's snapshot
-    after the branch, as ``run_branch`` does, and calls ``fast_failed`` on anything else."""
+def fast_record(fn, label: str) -> _Found | None:
+    """Return the record of a plain function ``fn`` that the eager one-call paths in C++
+    may run (csrc/batching.cpp), or None. That code compares the record's snapshot
+    after the branch, as ``run_branch`` does, and hands anything else on
+    (handoff.py), which settles it with ``watch_after``."""
     if type(fn) is not types.FunctionType:
         return None
-    general = _GENERAL_CODE.get(id(fn.__code__))
-    if general is not None and general() is fn.__code__:
-        return None
-    return _found(fn)
+    return _watched(fn, label)
 
 
-def _forget_code(key: int, _ref: weakref.ref) -> None:
-    _GENERAL_CODE.pop(key, None)
+def _watched(fn: Callable, label: str) -> _Found:
+    """Return what ``fn`` reaches, before it runs as if untaken. Refuse it if it reaches
+    an iterator, whose position no snapshot can put back."""
+    found = _found(fn)
+    if found.iterators:
+        name, value = found.iterators[0]
+        raise BranchMutationError(
+            f"{label} reaches {name}, an iterator ({type(value).__name__}), and would "
+            f"advance it: {_REPLAY}, and an iterator's position can be neither compared "
+            f"nor put back. Draw from {name} before the call and pass the value as an "
+            "operand, or keep a count in a registered buffer"
+        )
+    return found
 
 
-def fast_failed(found: _Found, label: str, assigned: list) -> None:
-    """Put back what a branch run by the C++ per-example cond changed that it can reach.
-    ``assigned`` holds ``(module, name, buffer before)`` for each buffer it assigned.
-    The general path then runs the branch again under ``run_branch``, as it will every
-    later call of a function with this code."""
-    if found.root is not None:
-        code = found.root[0]
-        _GENERAL_CODE[id(code)] = weakref.ref(code, functools.partial(_forget_code, id(code)))
+def watch_after(found: _Found, label: str, assigned: list, failed: bool) -> None:
+    """Settle the state of a branch that the C++ one-call paths ran under ``found``'s
+    watch, as ``run_branch`` settles its own: put back what it changed, and refuse the
+    change unless it ``failed`` (raised). ``assigned`` holds ``(module, name, buffer
+    before)`` for each buffer it assigned."""
     watch = _Watch(found, label)
     for module, name, old in assigned:
         watch.buffers.setdefault((id(module), name), (module, name, old))
-    if watch.buffers or not found.unchanged():
-        watch.restore()
+    watch.after(failed=failed, under_select=True)
 
 
-# The eager per-example cond in C++ (csrc/batching.cpp) reads and calls these.
-_C.per_example_init(
+# What the eager one-call paths in C++ read and call (OneCall in csrc/batching.cpp),
+# passed with each call (api.py adds the eager context).
+ONE_CALL = (
     fast_record,
-    fast_failed,
     _EVERY_BRANCH,
     _compat.PER_EXAMPLE_STATE[0],
     _MISSING,
@@ -395,7 +423,7 @@ class _Watch:
         """Record a buffer before the branch assigns it. This is a registration hook."""
         key = (id(module), name)
         if key not in self.buffers:
-            self.buffers[key] = (module, name, module._buffers.get(name, _MISSING))
+            self.buffers[key] = (module, name, _compat.module_buffers(module).get(name, _MISSING))
 
     def changed(self) -> list:
         """Return the states that differ from before the branch. Most branches change
@@ -403,6 +431,19 @@ class _Watch:
         if self._changed is None:
             self._changed = [state for state in self.states if state.changed()]
         return self._changed
+
+    def after(self, failed: bool, under_select: bool) -> None:
+        """Settle what the branch changed once it has run. After a ``failed`` branch (it
+        raised), put it all back. Otherwise write each buffer it assigned, and refuse
+        anything else (``settle``)."""
+        if failed:
+            if self.buffers or not self.found.unchanged():
+                self.restore()
+            return
+        if not self.buffers and self.found.unchanged():
+            return  # Most often, the branch changed nothing that it can reach.
+        for buffer, value in self.settle(under_select):
+            buffer.copy_(value)
 
     def settle(self, under_select: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Return ``(buffer, new value)`` for each buffer that the branch assigned. Put
@@ -421,7 +462,7 @@ class _Watch:
         writes, error = [], None
         try:
             for module, name, old in self.buffers.values():
-                new = module._buffers.get(name, _MISSING)
+                new = _compat.module_buffers(module).get(name, _MISSING)
                 if new is not old:
                     writes.append(self._buffer_write(module, name, old, new, under_select))
             for state in changed:
@@ -439,22 +480,16 @@ class _Watch:
             type(module).__name__,
         )
         attr = f"{owner}.{name}"
-        if old is _MISSING or old is None:
-            refuse_registration(self.label, attr, "registers a new buffer")
-        if new is _MISSING:
-            refuse_registration(self.label, attr, "removes the buffer")
-        check_buffer_value(self.label, attr, old, new)
-        if under_select:
-            refuse_under_select(self.label, attr)
+        check_registry_change(self.label, attr, "_buffers", old, new, under_select)
         return old, new
 
     def restore(self) -> None:
         self.found.valid = False
         for module, name, old in self.buffers.values():
             if old is _MISSING:
-                module._buffers.pop(name, None)
+                _compat.module_buffers(module).pop(name, None)
             else:
-                module._buffers[name] = old
+                _compat.module_buffers(module)[name] = old
         # A state the branch left as it was needs nothing put back.
         for state in self.changed():
             state.restore()
@@ -463,7 +498,7 @@ class _Watch:
 # A module's own bookkeeping in its __dict__ (hooks, registries, ``training``). It is
 # not state that a branch sets.
 _BOOKKEEPING = frozenset(torch.nn.Module().__dict__) | {"_initialize_hook", "_load_hook"}
-_REGISTRIES = ("_parameters", "_buffers", "_modules")
+_REGISTRIES = _compat.MODULE_REGISTRIES
 _CONTAINERS = (list, dict, set)
 
 
@@ -579,30 +614,25 @@ class _ModuleState(_ObjectState):
         module, before = self.module, self.registries
         return (
             super().changed()
-            or not _same_mapping(module._parameters, before["_parameters"])
-            or not _same_mapping(module._buffers, before["_buffers"])
-            or not _same_mapping(module._modules, before["_modules"])
+            or not _same_mapping(_compat.module_parameters(module), before["_parameters"])
+            or not _same_mapping(_compat.module_buffers(module), before["_buffers"])
+            or not _same_mapping(_compat.module_children(module), before["_modules"])
         )
 
     def rebound_buffers(self) -> list[str]:
-        now = self.module._buffers
+        now = _compat.module_buffers(self.module)
         names = [*self.buffers, *(k for k in now if k not in self.buffers)]
         return [k for k in names if now.get(k, _MISSING) is not self.buffers.get(k, _MISSING)]
 
     def check(self, label: str) -> None:
-        for registry, kind in (("_parameters", "parameter"), ("_modules", "submodule")):
+        for registry in ("_parameters", "_modules"):  # the watch settles buffers
             before, now = self.registries[registry], getattr(self.module, registry)
             for name in [*before, *(k for k in now if k not in before)]:
                 if now.get(name, _MISSING) is before.get(name, _MISSING):
                     continue
                 attr = f"{self.text}.{name}"
-                if name not in before:
-                    refuse_registration(label, attr, f"registers a new {kind}")
-                if name not in now:
-                    refuse_registration(label, attr, f"removes the {kind}")
-                if kind == "parameter":
-                    refuse_parameter(label, attr)
-                refuse_registration(label, attr, "assigns the submodule")
+                old, new = before.get(name, ABSENT), now.get(name, ABSENT)
+                check_registry_change(label, attr, registry, old, new, under_select=False)
         super().check(label)
 
     def restore(self) -> None:
@@ -748,13 +778,14 @@ _MAX_DEPTH = 4  # How deep the walk follows functions through closures and globa
 _SEQUENCES = (list, tuple, dict)
 
 
-def _reachable(fn: Callable, probes: list) -> list:
-    """Return the state that ``fn`` reaches through closures, ``self``, defaults and
-    globals. ``probes`` receives a probe of everything read here and everything the
-    states compare, except ``fn``'s own attributes (``_root_attributes``)."""
+def _reachable(fn: Callable, probes: list) -> _Finder:
+    """Return the walk of what ``fn`` reaches through closures, ``self``, defaults and
+    globals: its ``states``, and the ``iterators`` it reaches. ``probes`` receives a
+    probe of everything read here and everything the states compare, except ``fn``'s
+    own attributes (``_root_attributes``)."""
     finder = _Finder(fn, probes)
     finder.visit(fn, getattr(fn, "__name__", "the branch"), 0)
-    return finder.states
+    return finder
 
 
 class _Finder:
@@ -768,6 +799,7 @@ class _Finder:
         self.fn = fn
         self.probes = probes
         self.states: list = []
+        self.iterators: list[tuple[str, Any]] = []
         self.seen: set[int] = set()
 
     def add(self, state) -> None:
@@ -794,7 +826,8 @@ class _Finder:
                     probes.append((_TYPE, module))
                     state = _ModuleState(f"{text}.{name}" if name else text, module)
                     self.add(state)
-                    for held in (module._parameters, module._buffers, state.attrs):
+                    own = (_compat.module_parameters(module), _compat.module_buffers(module))
+                    for held in (*own, state.attrs):
                         self.hold_attributes(state.text, held)
         elif isinstance(value, types.MethodType):
             self.visit(value.__self__, "self", depth)
@@ -806,6 +839,8 @@ class _Finder:
             probes.append((_DICT, value.keywords))
             for part in (value.func, *value.args, *value.keywords.values()):
                 self.visit(part, text, depth + 1)
+        elif isinstance(value, Iterator):  # itertools.count(), a generator, an open file
+            self.iterators.append((text, value))
         elif callable(value) and not _user_code(type(value)) and hasattr(value, "__dict__"):
             probes.append((_DICT, vars(value)))
             for name, part in vars(value).items():  # Such as torchcond's wrappers of a branch.

@@ -66,25 +66,29 @@ def _effects(op) -> tuple[bool, bool]:
     return writes, fresh
 
 
-# The message for each reason why the recorder refuses a write (Why in
-# csrc/write_recorder.cpp).
-_WHY = (
-    "a tensor from outside it (shape {shape}), whose value cannot be selected per "
+# The message for each reason why the recorder refuses a write, by the name that
+# csrc/write_recorder.cpp gives it (torchcond._C.WRITE_REFUSALS), and one of this
+# module's own ("beside_copy").
+_MESSAGES = {
+    "outside": "a tensor from outside it (shape {shape}), whose value cannot be selected per "
     "branch: pass it as an operand",
-    "its input {path}, which shares memory with another operand: pass it once",
-    "its input {path}, which needs a gradient: return the new value instead "
+    "shared": "its input {path}, which shares memory with another operand: pass it once",
+    "needs_grad": "its input {path}, which needs a gradient: return the new value instead "
     "(x + 1 rather than x.add_(1))",
-    "memory of its input {path}'s storage outside {path} itself (shape {shape}), whose "
-    "value cannot be selected per branch: pass what it writes as an operand",
-    "its input {path} as the caller holds it, beside the copy of it the branch receives "
-    "(where a gradient may be taken, a branch writes its own copy): write the one it "
+    "outside_elements": "memory of its input {path}'s storage outside {path} itself (shape "
+    "{shape}), whose value cannot be selected per branch: pass what it writes as an operand",
+    "beside_copy": "its input {path} as the caller holds it, beside the copy of it the branch "
+    "receives (where a gradient may be taken, a branch writes its own copy): write the one it "
     "receives",
-    "the shape, strides or storage of its input {path}, which cannot be selected per "
-    "branch: use the op out of place (x.unsqueeze(0), not x.unsqueeze_(0))",
-    "the state of its input {path} that no op changes (requires_grad, .grad, hooks or "
-    ".data), which cannot be selected per branch: change it outside the conditional",
-)
-_NEEDS_GRAD, _BESIDE_COPY = 2, 4
+    "metadata": "the shape, strides or storage of its input {path}, which cannot be selected "
+    "per branch: use the op out of place (x.unsqueeze(0), not x.unsqueeze_(0))",
+    "autograd_state": "the state of its input {path} that no op changes (requires_grad, "
+    ".grad, hooks or .data), which cannot be selected per branch: change it outside the "
+    "conditional",
+}
+_CODES = {**_C.WRITE_REFUSALS, "beside_copy": max(_C.WRITE_REFUSALS.values()) + 1}
+_WHY = {_CODES[name]: text for name, text in _MESSAGES.items()}
+_NEEDS_GRAD, _BESIDE_COPY = _CODES["needs_grad"], _CODES["beside_copy"]
 
 
 class _CopyWanted(Exception):
@@ -221,7 +225,7 @@ class BranchWrites:
             self._refuse_stale_reads(copied, out[n:])
             outputs, values = self.finish(out[:n])
             for i, copy in zip(copied, out[n:]):
-                if not self._upfront or _functorch_base(copy)._version:
+                if not self._upfront or _compat.tensor_version(_functorch_base(copy)):
                     values[i] = copy
                 else:  # Unwritten, so an output that is the copy is the operand.
                     outputs = tuple(inputs[i] if o is copy else o for o in outputs)
@@ -238,7 +242,7 @@ class BranchWrites:
         """Refuse a branch that wrote its copy of an operand and read the operand's memory
         through another tensor it closes over. That tensor still shows the old values."""
         for i, copy in zip(copied, copies):
-            if i in self._aliases_read and _functorch_base(copy)._version:
+            if i in self._aliases_read and _compat.tensor_version(_functorch_base(copy)):
                 shape = tuple(self._aliases_read[i].shape)
                 raise BranchMutationError.at(
                     "operand",
@@ -298,33 +302,46 @@ class BranchWrites:
             raise self.refused(*refusal) from error
 
     def refused(self, operand: int, op: str, shape: list, why: int) -> BranchMutationError:
-        what = _WHY[why].format(shape=tuple(shape), path="{path}")
-        message = (
-            f"{self.label} writes in place ({op}) to {what}. Every branch runs here, taken "
-            "or not (strategy='select', or vmap with a per-example selector), and each "
-            "written operand's value is selected like an output"
-        )
-        if operand >= 0 and why != 0:
-            return BranchMutationError.at("operand", operand, message)
-        return BranchMutationError(message)
+        return refusal_error(self.label, (operand, op, shape, why))
 
     def finish(self, outputs: tuple) -> tuple[tuple, dict[int, torch.Tensor]]:
         """Return the last branch's outputs and copies of the new values of the operands
-        it wrote to. The operands then hold their old values again. An output that
-        shares memory with a written operand is copied first, since ``x.add_(1)``
-        returns ``x``."""
+        it wrote to (``take_writes``)."""
         if not self._wrote:
             return outputs, {}
-        saved = self.recorder.saved
-        inputs = self._inputs
-        written = {_storage_id(inputs[i]) for i, _ in saved}
-        outputs = tuple(
-            o.clone() if isinstance(o, torch.Tensor) and _storage_id(o) in written else o
-            for o in outputs
-        )
-        values = {i: inputs[i].clone() for i, _ in sorted(saved, key=lambda s: s[0])}
-        self.recorder.undo()
-        return outputs, values
+        return take_writes(self.recorder, self._inputs, outputs)
+
+
+def refusal_error(label: str, refusal: tuple[int, str, list, int]) -> BranchMutationError:
+    """The error for a write that the recorder refused, as ``recorder.refusal`` gives it."""
+    operand, op, shape, why = refusal
+    what = _WHY[why].format(shape=tuple(shape), path="{path}")
+    message = (
+        f"{label} writes in place ({op}) to {what}. Every branch runs here, taken "
+        "or not (strategy='select', or vmap with a per-example selector), and each "
+        "written operand's value is selected like an output"
+    )
+    if operand >= 0 and why != _CODES["outside"]:
+        return BranchMutationError.at("operand", operand, message)
+    return BranchMutationError(message)
+
+
+def take_writes(
+    recorder: _C.WriteRecorder, inputs: Sequence, outputs: Sequence
+) -> tuple[tuple, dict[int, torch.Tensor]]:
+    """Return a branch's ``outputs`` and copies of the new values of the operands it
+    wrote to, as ``recorder`` saved them. The operands then hold their old values again.
+    An output that shares memory with a written operand is copied first, since
+    ``x.add_(1)`` returns ``x``."""
+    saved = recorder.saved
+    written = {_storage_id(inputs[i]) for i, _ in saved}
+    outputs = tuple(
+        o.clone() if isinstance(o, torch.Tensor) and _storage_id(o) in written else o
+        for o in outputs
+    )
+    values = {i: inputs[i].clone() for i, _ in sorted(saved, key=lambda s: s[0])}
+    recorder.undo()
+    return outputs, values
 
 
 def _writing_copies(
@@ -394,7 +411,7 @@ def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     try:
         with _compat.torch_function_disabled():
-            return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+            return _compat.same_storage(a, b)
     except (RuntimeError, NotImplementedError):
         return False
 

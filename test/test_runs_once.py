@@ -1,0 +1,292 @@
+"""Each branch runs once per call where every branch runs (strategy="select", vmap with a
+per-example predicate), whatever the one-call path in C++ hands on to the general path.
+
+Runs are counted from outside the branches, with a profile hook, so that counting
+changes nothing a branch can reach.
+"""
+
+import itertools
+import sys
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchcond import BranchMismatchError, BranchMutationError, cond
+
+
+class Runs:
+    """Counts the calls of the given functions' code while active."""
+
+    def __init__(self, **fns):
+        self.names = {fn.__code__: name for name, fn in fns.items()}
+        self.counts: dict[str, int] = {}
+
+    def _profile(self, frame, event, arg):
+        if event == "call" and frame.f_code in self.names:
+            name = self.names[frame.f_code]
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    def __enter__(self):
+        self.counts = {}
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+
+
+def select(pred, t, f, x):
+    return cond(torch.tensor(pred), t, f, (x,), strategy="select")
+
+
+def per_example(pred, t, f, x):
+    flags = torch.tensor([pred, not pred, pred])
+    return torch.vmap(lambda p, x: cond(p, t, f, (x,)))(flags, x)
+
+
+def python_if(how, pred, t, f, x):
+    if how is select:
+        return (t if pred else f)(x)
+    rows = [(t if p else f)(row) for p, row in zip([pred, not pred, pred], x)]
+    return torch.utils._pytree.tree_map(
+        lambda *r: torch.stack([torch.as_tensor(v) for v in r]), *rows
+    )
+
+
+HOWS = [pytest.param(select, id="select"), pytest.param(per_example, id="vmap")]
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("pred", [True, False])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tensors",  # settled in C++
+        "dict",  # outputs C++ does not select
+        "number",  # a Python number per branch
+        "t_writes",
+        "f_writes",
+        "both_write",
+    ],
+)
+def test_each_branch_runs_once_and_gives_the_python_if_value(how, pred, case):
+    def t(x):
+        if case in ("t_writes", "both_write"):
+            x.mul_(2)
+        y = x.sin()
+        return {"y": y} if case == "dict" else (y, 1.5) if case == "number" else y
+
+    def f(x):
+        if case in ("f_writes", "both_write"):
+            x.add_(1)
+        y = x.cos()
+        return {"y": y} if case == "dict" else (y, 2.5) if case == "number" else y
+
+    x = torch.randn(3, 4)
+    ref = x.clone()
+    expected = python_if(how, pred, t, f, ref)
+    for _ in range(2):  # the first call and a later one
+        got_x = x.clone()
+        with torch.no_grad(), Runs(t=t, f=f) as runs:
+            out = how(pred, t, f, got_x)
+        assert runs.counts == {"t": 1, "f": 1}
+        for a, b in zip(
+            torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(expected)
+        ):
+            torch.testing.assert_close(a, torch.as_tensor(b, dtype=a.dtype).expand_as(a))
+        torch.testing.assert_close(got_x, ref)
+
+
+def test_a_random_draw_is_drawn_once_as_a_python_if_draws_it():
+    """The issue's reproducer: the untaken branch writes, so the call is handed on."""
+
+    def t(x):
+        return x + torch.rand(())
+
+    def f(x):
+        x.add_(1)
+        return x
+
+    torch.manual_seed(0)
+    want = t(torch.zeros(())).item()
+    for _ in range(3):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            got = cond(torch.tensor(True), t, f, (torch.zeros(()),), strategy="select")
+        assert got.item() == want
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_branches_that_disagree_run_once_before_the_error(how):
+    def t(x):
+        return x
+
+    def f(x):
+        return x[:1]
+
+    for _ in range(2):
+        with torch.no_grad(), Runs(t=t, f=f) as runs, pytest.raises(BranchMismatchError):
+            how(True, t, f, torch.randn(3, 4))
+        assert runs.counts == {"t": 1, "f": 1}
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("failing", ["t", "f"])
+def test_a_branch_that_raises_runs_once_and_its_writes_are_undone(how, failing):
+    def t(x):
+        x.add_(1)
+        if failing == "t":
+            raise ValueError("t failed")
+        return x.sin()
+
+    def f(x):
+        x.mul_(3)
+        if failing == "f":
+            raise ValueError("f failed")
+        return x.cos()
+
+    x = torch.randn(3, 4)
+    ref = x.clone()
+    with (
+        torch.no_grad(),
+        Runs(t=t, f=f) as runs,
+        pytest.raises(ValueError, match=f"{failing} failed"),
+    ):
+        how(True, t, f, x)
+    # The branches run in order and stop at the error.
+    assert runs.counts == ({"t": 1} if failing == "t" else {"t": 1, "f": 1})
+    torch.testing.assert_close(x, ref)
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_refused_write_runs_once_and_names_what_it_wrote(how):
+    w = torch.zeros(4)
+
+    def t(x):
+        w.add_(1)
+        return x
+
+    def f(x):
+        return x * 2
+
+    with torch.no_grad(), Runs(t=t, f=f) as runs:
+        with pytest.raises(
+            BranchMutationError,
+            match=r"true_fn writes in place \(aten.add_.Tensor\) to a tensor from outside it",
+        ):
+            how(True, t, f, torch.randn(3, 4))
+    assert runs.counts == {"t": 1}
+    assert not w.any()
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_change_of_python_state_runs_once_and_is_put_back(how):
+    log = []
+
+    def t(x):
+        return x + 1
+
+    def f(x):
+        log.append(1)
+        return x - 1
+
+    with torch.no_grad(), Runs(t=t, f=f) as runs:
+        with pytest.raises(BranchMutationError, match=r"false_fn changes log \(a list\)"):
+            how(True, t, f, torch.randn(3, 4))
+    assert runs.counts == {"t": 1, "f": 1}
+    assert log == []
+
+
+COUNTER = itertools.count(1)
+
+
+def _counting(x):
+    return x + next(COUNTER)
+
+
+def _scaling(x):
+    return x * 2.0
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(lambda x: select(False, _counting, _scaling, x), id="select"),
+        pytest.param(lambda x: per_example(False, _counting, _scaling, x), id="vmap"),
+        pytest.param(
+            lambda x: make_fx(lambda p, x: cond(p, _counting, _scaling, (x,)))(
+                torch.tensor(False), x
+            ),
+            id="make_fx",
+        ),
+    ],
+)
+def test_an_iterator_the_untaken_branch_advances_is_refused_before_it_runs(run):
+    """A Python ``if`` leaves the counter alone. Where every branch runs, the branch is
+    refused before it advances it."""
+    global COUNTER
+    COUNTER = itertools.count(1)
+    with (
+        torch.no_grad(),
+        pytest.raises(BranchMutationError, match="true_fn reaches COUNTER, an iterator"),
+    ):
+        run(torch.zeros(3, 2))
+    assert next(COUNTER) == 1
+
+
+def test_an_iterator_in_a_branch_is_a_python_if_in_eager_mode():
+    global COUNTER
+    COUNTER = itertools.count(1)
+    x = torch.zeros(2)
+    cond(torch.tensor(False), _counting, _scaling, (x,))
+    torch.testing.assert_close(cond(torch.tensor(True), _counting, _scaling, (x,)), x + 1)
+    assert next(COUNTER) == 2
+
+
+LOG: list = []
+
+
+def _log_1():
+    LOG.append(1)
+
+
+def _log_2():
+    _log_1()
+
+
+def _log_3():
+    _log_2()
+
+
+def _log_4():
+    _log_3()
+
+
+def _log_5():
+    _log_4()
+
+
+@pytest.mark.parametrize(
+    "helper, watched",
+    [(_log_1, True), (_log_2, True), (_log_3, True), (_log_4, True), (_log_5, False)],
+    ids=["1 step", "2 steps", "3 steps", "4 steps", "5 steps"],
+)
+def test_the_watch_follows_functions_4_steps_as_docs_select_says(helper, watched):
+    """docs/select.rst: a function the branch names is 1 step away. What the functions
+    within 4 steps name is put back and refused; a function further away is not
+    followed."""
+
+    def t(x):
+        helper()
+        return x + 1
+
+    LOG.clear()
+    with torch.no_grad():
+        if watched:
+            with pytest.raises(BranchMutationError, match="LOG"):
+                select(False, t, _scaling, torch.zeros(2))
+            assert LOG == []
+        else:
+            select(False, t, _scaling, torch.zeros(2))
+            assert LOG == [1]
