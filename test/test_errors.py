@@ -516,3 +516,12 @@ def test_a_select_write_names_the_operand_path():
             ({"k": [a, b * 1]},),
             strategy="select",
         )
+
+
+@pytest.mark.parametrize("keyword", ["may_write", "speculate_only", "closures_read_as"])
+def test_the_operators_refuse_dynamos_keywords_outside_dynamo(keyword):
+    x = torch.ones(2)
+    with pytest.raises(TypeError, match=f"torchcond_cond: the keywords {keyword} are read only"):
+        cond_op(torch.tensor(True), torch.sin, torch.cos, (x,), **{keyword: False})
+    with pytest.raises(TypeError, match=f"torchcond_switch: the keywords {keyword} are read only"):
+        switch_op(torch.tensor(0), torch.sin, torch.cos, (x,), **{keyword: False})
