@@ -227,6 +227,8 @@ def normalize_index(index, n: int):
 
     Under dynamo, a Python int and a SymInt both look like ints.
     """
+    if type(index) is int:  # a size dynamo specialized, say: torch 2.11's dynamo
+        return clamp_index(index, n)  # cannot graph a sym_max that gives an int
     if isinstance(index, (_SymInt, int)) and not isinstance(index, bool):
         return _sym_min(_sym_max(index, 0), n - 1)  # clamp_index, kept symbolic
     if not isinstance(index, _Tensor):
