@@ -256,13 +256,14 @@ PyObject* run_both_and_select(const OneCall& ctx, PyObject* const* args, const a
   std::vector<PyObject*> leaves[2];
   for (int k = 0; k < 2; ++k) {
     py::list assigned;
-    ObservedRun run{nullptr, py::none()};
+    ObservedRun run{nullptr, nullptr};
     {
       Hooked hooked(ctx, assigned.ptr());
       if (!hooked.ok()) return nullptr;
       run = run_observed(args[1 + k], operands.ptr());
     }
-    bool settled = run.out != nullptr && run.recorder.is_none() && PyList_GET_SIZE(assigned.ptr()) == 0;
+    py::object recorder = run.recorder != nullptr ? py::reinterpret_steal<py::object>(run.recorder) : py::none();
+    bool settled = run.out != nullptr && run.recorder == nullptr && PyList_GET_SIZE(assigned.ptr()) == 0;
     if (run.out == nullptr) {
       handoff.error = py::error_already_set().value();  // KeyboardInterrupt too: undone, then raised
     } else {
@@ -276,7 +277,7 @@ PyObject* run_both_and_select(const OneCall& ctx, PyObject* const* args, const a
     }
     if (!settled) {
       if (outs[k]) handoff.out = outs[k];
-      handoff.recorder = run.recorder;
+      handoff.recorder = recorder;
       handoff.assigned = assigned;
       handoff.record = records[k];
       return hand_on();

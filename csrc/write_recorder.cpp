@@ -685,13 +685,13 @@ ObservedRun run_observed(PyObject* branch, PyObject* args) {
     Py_CLEAR(run.out);
     PyErr_SetString(PyExc_RuntimeError, kStateRefused);
   }
-  if (run.out != nullptr && !recorder.wrote()) return {run.out, pybind11::none()};
+  if (run.out != nullptr && !recorder.wrote()) return {run.out, nullptr};
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);
-  pybind11::object kept =
-      pybind11::cast(new Recorder(std::move(recorder)), pybind11::return_value_policy::take_ownership);
+  PyObject* kept =
+      pybind11::cast(new Recorder(std::move(recorder)), pybind11::return_value_policy::take_ownership).release().ptr();
   PyErr_Restore(type, value, traceback);
-  return {run.out, std::move(kept)};
+  return {run.out, kept};
 }
 
 void bind_write_recorder(pybind11::module& m) {

@@ -52,8 +52,8 @@ int eager_context(const EagerContext& context, const at::Tensor& selector);
 // caller to undo or finish (write_guard.py). A change of an operand's autograd state is
 // put back and raised as run_recorded raises it.
 struct ObservedRun {
-  PyObject* out;                // a new reference, or nullptr with the Python error set
-  pybind11::object recorder;    // None for a run that wrote nothing
+  PyObject* out;       // a new reference, or nullptr with the Python error set
+  PyObject* recorder;  // a new reference, or nullptr for a run that wrote nothing and raised nothing
 };
 ObservedRun run_observed(PyObject* branch, PyObject* args);
 // Whether the recorder's dispatch key is free for it in this process.
