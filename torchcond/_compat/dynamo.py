@@ -134,8 +134,7 @@ def install(
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
     ``kinds`` maps each operator to ``(taken_index, labels, warn_if_exporting,
-    known_index)``. The
-    fields of ``_Operator`` describe these callables and the rules.
+    known_index)``. The fields of ``_Operator`` describe these callables and the rules.
     """
     rules = (check_outputs, refuse_writes, state_rules, number_rules)
     when_imported(_HOP_VARIABLES, lambda module: _register(module, kinds, *rules))

@@ -140,8 +140,8 @@ def switch_kind(op) -> ConditionalKind:
 
 
 def _known_pred(pred, n: int) -> int | None:
-    """The branch a symbolic predicate takes whatever the sizes are, or None. No guard
-    is added: the shape environment proves it from what it already knows."""
+    """The branch a symbolic predicate takes for every size its shape environment
+    admits, or None. No guard is added: the environment proves it from the ranges."""
     if isinstance(pred, (torch.SymInt, torch.SymFloat)):
         pred = pred != 0
     if not isinstance(pred, torch.SymBool):
@@ -154,7 +154,8 @@ def _known_pred(pred, n: int) -> int | None:
 
 
 def _known_index(index, n: int) -> int | None:
-    """The branch a symbolic index takes, clamped, whatever the sizes are, or None."""
+    """The branch a symbolic index takes, clamped, for every size its shape environment
+    admits, or None."""
     if not isinstance(index, torch.SymInt):
         return None
     if statically_known_true(index <= 0):

@@ -75,14 +75,21 @@ _UNSET: Any = object()
 
 
 class _ConditionalOp(_compat.HigherOrderOperator):
-    def _call(self, args: tuple, speculation: dict):
-        """Call the operator. ``speculation`` holds the keywords that only dynamo's
-        view of it reads (_compat/dynamo.py), where the call is a speculation: they
-        are given only while dynamo traces, which never reaches here."""
-        given = {k: v for k, v in speculation.items() if v is not _UNSET}
+    def _call(self, args: tuple, may_write, speculate_only, closures_read_as):
+        """Call the operator. The keywords are read only by dynamo's view of it
+        (_compat/dynamo.py), while dynamo traces the call, which never reaches here."""
+        given = [
+            name
+            for name, value in (
+                ("may_write", may_write),
+                ("speculate_only", speculate_only),
+                ("closures_read_as", closures_read_as),
+            )
+            if value is not _UNSET
+        ]
         if given:
             raise TypeError(
-                f"{self.name()}: the keywords {', '.join(sorted(given))} are read only "
+                f"{self.name()}: the keywords {', '.join(given)} are read only "
                 "while dynamo traces the call"
             )
         return super().__call__(*args)
@@ -117,12 +124,8 @@ class CondOp(_ConditionalOp):
         speculate_only=_UNSET,
         closures_read_as=_UNSET,
     ):
-        speculation = {
-            "may_write": may_write,
-            "speculate_only": speculate_only,
-            "closures_read_as": closures_read_as,
-        }
-        return self._call((pred, true_fn, false_fn, operands), speculation)
+        args = (pred, true_fn, false_fn, operands)
+        return self._call(args, may_write, speculate_only, closures_read_as)
 
 
 class SwitchOp(_ConditionalOp):
@@ -143,12 +146,8 @@ class SwitchOp(_ConditionalOp):
         speculate_only=_UNSET,
         closures_read_as=_UNSET,
     ):
-        speculation = {
-            "may_write": may_write,
-            "speculate_only": speculate_only,
-            "closures_read_as": closures_read_as,
-        }
-        return self._call((index, *branches_then_operands), speculation)
+        args = (index, *branches_then_operands)
+        return self._call(args, may_write, speculate_only, closures_read_as)
 
 
 cond_op = CondOp()

@@ -25,7 +25,7 @@ from . import numbers
 from .state import run_branch
 
 
-class Ran(Protocol):
+class MadeCall(Protocol):
     """A branch's call that already happened (``handoff.Ran``)."""
 
     def result(self, operands: Sequence) -> object: ...
@@ -202,7 +202,7 @@ class FlatBranch:
         in_spec: pytree.TreeSpec | None,
         label: str,
         outputs: Outputs,
-        ran: Ran | None = None,
+        ran: MadeCall | None = None,
     ):
         self.fn = fn
         self.in_spec = in_spec
@@ -301,7 +301,7 @@ def run_flat(
     run: Callable,
     selected: bool = False,
     selector=None,
-    ran: Sequence[Ran] = (),
+    ran: Sequence[MadeCall] = (),
 ) -> object:
     """Call ``run(flat_branches, flat_operands, labels)`` and rebuild the user's output.
 
