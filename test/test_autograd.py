@@ -762,6 +762,43 @@ def test_a_custom_function_in_forward_mode():
         assert_traced_matches_eager(f, POS, torch.ones(3, dtype=torch.float64), torch.tensor(p))
 
 
+class _SquareWithJvpOnly(torch.autograd.Function):
+    """A custom Function with a jvp and no backward, as JAX's custom_jvp."""
+
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def jvp(ctx, t):
+        (x,) = ctx.saved_tensors
+        return 2 * x * t + 1  # not x*x's derivative: the Function's own rule must run
+
+
+@pytest.mark.parametrize("function", ["jvp only", "jvp and backward"])
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_a_custom_function_under_torch_func_jvp_traced(function, mode):
+    """Ported from JAX's cond tests (issue 46): the traced tangent is the Python-if
+    tangent, from the Function's own jvp."""
+    fn = _SquareWithJvpOnly.apply if function == "jvp only" else TimesThree.apply
+
+    def tangent(p, x, t):
+        f = lambda x: cond(p, lambda a: fn(a) * 2, torch.sin, (x,))  # noqa: E731
+        return torch.func.jvp(f, (x,), (t,))[1]
+
+    def tangent_of_if(p, x, t):
+        return torch.func.jvp(lambda x: fn(x) * 2 if p else torch.sin(x), (x,), (t,))[1]
+
+    x, t = POS.clone(), torch.ones_like(POS)
+    gm = make_fx(tangent, tracing_mode=mode)(torch.tensor(True), x, t)
+    for p in (True, False):
+        assert torch.allclose(gm(torch.tensor(p), x, t), tangent_of_if(p, x, t))
+
+
 def test_a_no_grad_block_and_a_detach_beside_a_custom_function_to_the_second_derivative():
     def branch(a):
         with torch.no_grad():

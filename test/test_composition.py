@@ -283,6 +283,24 @@ def rows(c, x, y, s):
     )
 
 
+def checked(c, x, y, s):
+    # Each branch checks sizes (issue 46): the checks hold for every input here, stay
+    # in their branch when traced, and a transform maps them per example.
+    def first(x, y):
+        torch._check(x.shape[-1] == y.shape[-1], lambda: "x and y must match")
+        return (x * y).sin()
+
+    def second(x, y):
+        torch._check(x.shape[-1] > 0)
+        return x.cos() + y.sum()
+
+    def third(x, y):
+        torch._check_is_size(x.shape[-1])
+        return x.tanh() * y.mean()
+
+    return c(s, [first, second, third], (x, y))
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
     program: Callable
@@ -321,6 +339,7 @@ KINDS = {
     "closure_view": Kind(closure_view, wrt=(0, 1), x_shape=(2, 2, 4), y_shape=(4, 4)),
     "number": Kind(number),
     "rows": Kind(rows, wrt=(0, 1), y_batched=True, x_shape=(4,), y_shape=(4,)),
+    "checked": Kind(checked, wrt=(0, 1), y_batched=True, x_shape=(4,), y_shape=(4,)),
 }
 
 
@@ -612,7 +631,7 @@ SAMPLE_SIZE = {
 
 # Kinds added after the sample was first drawn: each gets its own cases per context
 # from a generator of its own, so the cases drawn for the other kinds stay the same.
-LATER_KINDS = ["number", "rows"]
+LATER_KINDS = ["number", "rows", "checked"]
 
 
 def sample(seed: int = 26) -> list[Case]:

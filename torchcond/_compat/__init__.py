@@ -66,6 +66,11 @@ from torch.fx.experimental.proxy_tensor import (  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from .branch_facts import assuming as assuming  # noqa: E402
+from .branch_facts import cond_facts as cond_facts  # noqa: E402
+from .branch_facts import insert_checks as insert_checks  # noqa: E402
+from .branch_facts import switch_facts as switch_facts  # noqa: E402
+
 __all__ = [
     "DispatchKey",
     "FakeTensor",

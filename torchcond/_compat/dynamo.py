@@ -41,6 +41,7 @@ import torch.utils._pytree as pytree
 from ..errors import BranchMutationError, CondError, UnsupportedCondError
 from . import JVP_TRANSFORM, VMAP_TRANSFORM, transform_level_active, user_stack_trace
 from .after_import import when_imported
+from .branch_facts import assuming, insert_checks
 
 _HOP_VARIABLES = "torch._dynamo.variables.higher_order_ops"
 
@@ -134,7 +135,7 @@ def install(
     """Register a variable class per operator, now if dynamo is loaded, else once it loads.
 
     ``kinds`` maps each operator to ``(taken_index, labels, warn_if_exporting,
-    known_index)``. The fields of ``_Operator`` describe these callables and the rules.
+    known_index, branch_facts)``. The fields of ``_Operator`` describe these callables and the rules.
     """
     rules = (check_outputs, refuse_writes, state_rules, number_rules)
     when_imported(_HOP_VARIABLES, lambda module: _register(module, kinds, *rules))
@@ -155,6 +156,9 @@ class _Operator(NamedTuple):
     # ``known_index(symbolic_selector, n)`` returns the branch that a SymBool or SymInt
     # takes for every input the shape environment admits, or None.
     known_index: Callable
+    # ``branch_facts(symbolic_selector, n)`` returns what each branch may assume while
+    # it is speculated: one list of sympy facts per branch.
+    branch_facts: Callable
     # ``check_outputs(per_branch_outputs, labels, out_spec)`` raises when the speculated
     # branches' outputs cannot be one operator's outputs. Its error names the output path.
     check_outputs: Callable
@@ -171,8 +175,10 @@ class _Operator(NamedTuple):
 
 def _register(hop, kinds: dict, *rules) -> None:
     registry = hop.TorchHigherOrderOperatorVariable.make.__globals__["_hop_name_to_variable_class"]
-    for op, (taken_index, labels, warn_if_exporting, known_index) in kinds.items():
-        spec = _Operator(op.name(), taken_index, labels, warn_if_exporting, known_index, *rules)
+    for op, (taken_index, labels, warn_if_exporting, known_index, facts) in kinds.items():
+        spec = _Operator(
+            op.name(), taken_index, labels, warn_if_exporting, known_index, facts, *rules
+        )
         registry[op.name()] = _make_variable_class(hop, spec)
 
 
@@ -215,6 +221,20 @@ class _Branch(NamedTuple):
     modules: dict  # the modules the graph calls
 
 
+def _selector_value(selector):
+    """The SymBool or SymInt behind a symbolic selector's variable, or None."""
+    if isinstance(selector, _variables().SymNodeVariable):
+        return selector.sym_num
+    return None
+
+
+def _selector_node(selector):
+    """The node of dynamo's graph that computed a symbolic selector, or None."""
+    if isinstance(selector, _variables().SymNodeVariable):
+        return selector.as_proxy().node
+    return None
+
+
 class _ConditionalVariable:
     """Dynamo's view of ``op(selector, branch_0, ..., branch_n, operands)``.
 
@@ -237,9 +257,12 @@ class _ConditionalVariable:
         known = self._known_index(call)
         if known is not None:
             return call.branches[known].call_function(tx, list(call.operands), {})
+        facts = self._op.branch_facts(
+            _selector_value(call.selector), len(call.branches), _selector_node(call.selector)
+        )
         branches = [
-            self._speculate(tx, label, branch, call.operands, call.may_write)
-            for label, branch in zip(call.labels, call.branches)
+            self._speculate(tx, label, branch, call.operands, call.may_write, f)
+            for label, branch, f in zip(call.labels, call.branches, facts)
         ]
         self._check_branch_outputs(tx, call.labels, branches)
         self._refuse_writes_under_jvp(call, branches)
@@ -314,11 +337,17 @@ class _ConditionalVariable:
         with _as_eager_raises():
             self._op.refuse_writes(written, len(call.operands), call.labels)
 
-    def _speculate(self, tx, name, branch, operand_vts, may_write: bool) -> _Branch:
-        """Trace one branch into a subgraph, and check what it writes and returns."""
-        (ret_val, ret_spec), graph, lifted = self._subgraph(
-            tx, name, branch, operand_vts, may_write
-        )
+    def _speculate(self, tx, name, branch, operand_vts, may_write: bool, facts=()) -> _Branch:
+        """Trace one branch into a subgraph, and check what it writes and returns.
+
+        The branch is traced assuming ``facts``; its checks that they do not settle
+        become checks in its graph (``branch_facts.assuming``)."""
+        with assuming(tx.output.shape_env, facts, name) as assumed:
+            (ret_val, ret_spec), graph, lifted = self._subgraph(
+                tx, name, branch, operand_vts, may_write
+            )
+        if assumed is not None:
+            insert_checks(graph, assumed.checks, name)
         if not may_write and _writes_an_input(graph):
             # Under vmap, dynamo's own check compares the versions of the batched
             # wrappers, which a write to the tensor inside them leaves unchanged.

@@ -22,6 +22,7 @@ branches that draw, which the recomputation replays (draws.py).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -61,7 +62,7 @@ def autograd_rule(kind: ConditionalKind, selector, branches, operands):
     if host_readable(selector):
         return kind.taken_branch(selector, branches)(*operands)
     n = len(operands)
-    lifted, operands = closures.lift(kind, branches, tuple(operands))
+    lifted, operands = closures.lift(kind, selector, branches, tuple(operands))
     if not any(_requires_grad(t) or _compat.has_tangent(t) for t in operands):
         return kind.call_below_autograd(selector, lifted, operands)
     # The conditional returns the new values of written operands as differentiable
@@ -135,9 +136,10 @@ def functorch_rule(kind: ConditionalKind, selector, branches, operands):
     ``DifferentiableConditional`` is a functorch-aware autograd.Function
     (``setup_context`` form), so the transform differentiates it with the rules below."""
     n = len(operands)
-    branches, operands, written = closures.lift_under_transform(kind, branches, tuple(operands))
+    lifted, operands, written = closures.lift_under_transform(kind, branches, tuple(operands))
     refuse_writes_under_transform(written, n, kind.labels(len(branches)))
-    return DifferentiableConditional.apply(kind, selector, tuple(branches), None, *operands)
+    derivative = _derivative_source(branches, lifted, operands[n:])
+    return DifferentiableConditional.apply(kind, selector, tuple(lifted), derivative, *operands)
 
 
 def with_tangents(outputs) -> tuple:
@@ -250,7 +252,7 @@ class DifferentiableConditional(torch.autograd.Function):
             return tuple(None for _ in ctx.differentiable)
         given = [tangents[i] for i in have]
         out = _from_user_branches(
-            ctx, selector, primals, given, lambda b, n, c: _jvp_of(b, n, have, c)
+            ctx, selector, primals, given, lambda b, n, c: _user_jvp_of(b, n, have, c)
         )
         if out is None:
             graphs, built_in = jvp_graphs(ctx.branches, primals, have, given)
@@ -342,6 +344,35 @@ def _vjp_of(
     return vjp
 
 
+def _user_jvp_of(branch: Callable, n: int, have: Sequence[int], closed_over: Sequence):
+    """``_jvp_of`` for a user's branch under torch.func's jvp: forward mode, so that a
+    custom Function's own ``jvp`` runs (it may have no backward). A tangent for a
+    closure needs reverse mode."""
+    if not _compat.torch_func_level_active() or any(i >= n for i in have):
+        return _jvp_of(branch, n, have, closed_over)
+
+    def jvp(*args):
+        # The primals carry the caller's tangents (forward-AD level 0, the only one).
+        primals = [_without_tangent(a) for a in args[:n]]
+        tangents = args[n:]
+
+        def at(*varied):
+            for i, v in zip(have, varied):
+                primals[i] = v
+            return tuple(branch(*primals))
+
+        outputs, result = torch.func.jvp(at, tuple(primals[i] for i in have), tuple(tangents))[:2]
+        return tuple(torch.zeros_like(o) if t is None else t for o, t in zip(outputs, result))
+
+    return jvp
+
+
+def _without_tangent(value):
+    if not isinstance(value, torch.Tensor):
+        return value
+    return forward_ad.unpack_dual(value, level=0).primal
+
+
 def _jvp_of(
     branch: Callable, n: int, have: Sequence[int], closed_over: Sequence[torch.Tensor] = ()
 ):
@@ -425,7 +456,11 @@ def _retraced(kind: ConditionalKind, tracer, selector, fns, args):
     functions too, as autograd differentiates the user's backward code when it
     differentiates twice.
     """
-    with torch.enable_grad():
+    # Under a torch.func transform (jvp), the derivative is traced with its levels set
+    # aside: tracing it calls requires_grad_, which a level refuses. The traced
+    # conditional is then called on the level's tensors.
+    aside = _compat.transform_levels_set_aside() if _compat.torch_func_level_active() else None
+    with torch.enable_grad(), aside or contextlib.nullcontext():
         traced = closures.trace_in_session(tracer, fns, args, kind.labels(len(fns)))
     for gm in traced.graphs:
         _drop_autograd_detaches(gm)

@@ -33,7 +33,7 @@ from .subgraph import getattr_path
 from .tracing import PretracedBranch, Traced, functionalized_writing_back, plain, trace_branches
 
 
-def lift(kind: ConditionalKind, branches, operands: tuple):
+def lift(kind: ConditionalKind, selector, branches, operands: tuple):
     """Make every value a branch reads an explicit operand, so autograd sees it.
 
     Returns the branches to hand to the operator and its operands. A branch that
@@ -47,8 +47,10 @@ def lift(kind: ConditionalKind, branches, operands: tuple):
     tracer = _compat.active_fx_tracer()
     if all(closure_free(b) and (tracer is None or _given_as_is(plain(b))) for b in branches):
         return branches, operands
+    labels = kind.labels(len(branches))
+    facts = kind.branch_facts(selector, len(branches))
     if tracer is None:
-        found = grad_closures(branches, operands)
+        found = grad_closures(branches, operands, labels, facts)
         if not found:
             return branches, operands
         bound = [bind(b, found, len(operands)) for b in branches]
@@ -59,7 +61,7 @@ def lift(kind: ConditionalKind, branches, operands: tuple):
         # Functionalize rule unwraps them before the proxy rule traces the branches.
         return branches, operands
     with _compat.below_autograd():
-        traced = trace_in_session(tracer, branches, operands, kind.labels(len(branches)))
+        traced = trace_in_session(tracer, branches, operands, labels, facts=facts)
     return traced.branches, traced.operands
 
 
@@ -70,6 +72,7 @@ def trace_in_session(
     labels: Sequence[str],
     mode=None,
     lift_also: Callable[[object], bool] = tracing.lifts_nothing_else,
+    facts: Sequence[Sequence] | None = None,
 ) -> Traced:
     """Run ``tracing.trace_branches`` on functions given autograd's view of the operands.
 
@@ -78,11 +81,11 @@ def trace_in_session(
     traced as the Functionalize rule would trace them, and that rule then passes the
     graphs on. Each lifted value is mapped back to its functional wrapper. ``mode`` is
     the functionalization mode when it is not the active one (the Functionalize rule).
-    ``lift_also`` works as in ``tracing.trace_branches``.
+    ``lift_also`` and ``facts`` work as in ``tracing.trace_branches``.
     """
     mode = mode or _compat.functional_mode()
     if mode is None:
-        return trace_branches(tracer, fns, operands, labels, lift_also=lift_also)
+        return trace_branches(tracer, fns, operands, labels, lift_also=lift_also, facts=facts)
     wrappers = Wrappers(_compat.functional_inner)
     with _compat.outside_functional_mode():
         functional = [
@@ -91,7 +94,7 @@ def trace_in_session(
         ]
         inner = _compat.unwrap_functional(operands)
         traced = trace_branches(
-            tracer, functional, inner, labels, functional=True, lift_also=lift_also
+            tracer, functional, inner, labels, functional=True, lift_also=lift_also, facts=facts
         )
     lifted = tuple(wrappers.outer(v) for v in traced.operands[len(operands) :])
     return traced._replace(operands=operands + lifted)
@@ -352,12 +355,17 @@ class _Recorder(torch.overrides.TorchFunctionMode):
         return out
 
 
-def grad_closures(branches: Sequence[Callable], operands: tuple) -> list[torch.Tensor]:
-    """Return the tensors that some branch reads without receiving, and that require grad."""
+def grad_closures(
+    branches: Sequence[Callable], operands: tuple, labels: Sequence[str], facts: Sequence
+) -> list[torch.Tensor]:
+    """Return the tensors that some branch reads without receiving, and that require grad.
+    Each branch runs assuming its ``facts`` (``tracing.trace_branches``)."""
     recorder = _Recorder()
+    env = getattr(_compat.fake_mode_of(operands), "shape_env", None)
     with torch.no_grad(), recorder:
-        for branch in branches:
-            branch(*operands)
+        for branch, label, f in zip(branches, labels, facts):
+            with _compat.assuming(env, f, label) as assumed:
+                branch(*(operands if assumed is None else assumed.specialized(operands)))
     given = {id(t) for t in operands}
     return [t for key, t in recorder.read.items() if key not in given and t.requires_grad]
 

@@ -65,6 +65,10 @@ class ConditionalKind:
     # The branch a symbolic selector takes for every input its shape environment admits
     # (``x.shape[0] > 1`` where the size is at least 2), or None.
     known_index: Callable[[Any, int], int | None]
+    # What each of the n branches may assume while it is traced: one list of sympy
+    # facts per branch, about a symbolic selector (empty lists for a tensor). An
+    # optional third argument is the graph node that computed the selector.
+    branch_facts: Callable[..., list[list]]
 
     def constant_taken_index(self, value, n: int) -> int:
         """Return the branch a Python constant takes, or raise ``CondArgumentError``."""
@@ -117,6 +121,7 @@ def cond_kind(op) -> ConditionalKind:
         check_tensor=check_pred_tensor,
         normalize=lambda pred, n: normalize_pred(pred),
         known_index=_known_pred,
+        branch_facts=lambda pred, n, node=None: _compat.cond_facts(pred, node),
     )
 
 
@@ -136,6 +141,7 @@ def switch_kind(op) -> ConditionalKind:
         check_tensor=check_index_tensor,
         normalize=normalize_index,
         known_index=_known_index,
+        branch_facts=_compat.switch_facts,
     )
 
 

@@ -188,8 +188,15 @@ def _fake(kind: ConditionalKind, mode: FakeTensorMode, selector, branches, opera
     with mode:
         # Unbacked sizes inside a branch belong to the subgraph. The merged sizes are
         # fresh symbols of this node, so the tracer records where they come from.
+        facts = kind.branch_facts(selector, len(branches))
+        labels = kind.labels(len(branches))
         with _compat.ignore_fresh_unbacked(mode), state.every_branch_runs():
-            outs = [tuple(b(*operands)) for b in branches]
+            outs = []
+            for b, f, label in zip(branches, facts, labels):
+                # The branch's graph holds its checks already; they are not kept here.
+                with _compat.assuming(mode.shape_env, f, label) as assumed:
+                    given = operands if assumed is None else assumed.specialized(operands)
+                    outs.append(tuple(b(*given)))
         outside = _compat.unbacked_symbols(operands)
         return _merged(kind, branches, outs, mode.shape_env, outside)
 
@@ -229,7 +236,13 @@ def _proxy(kind: ConditionalKind, mode: ProxyTorchDispatchMode, selector, branch
     n_given = len(operands)
     found = pretraced(branches, tracer)
     if found is None:  # not traced in this session yet
-        traced = trace_branches(tracer, branches, tuple(operands), kind.labels(len(branches)))
+        traced = trace_branches(
+            tracer,
+            branches,
+            tuple(operands),
+            kind.labels(len(branches)),
+            facts=kind.branch_facts(selector, len(branches)),
+        )
         graphs, operands, written = traced.graphs, traced.operands, traced.written
     else:
         graphs, written = found
@@ -271,6 +284,7 @@ def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands
     Their writes become extra outputs. This rule writes them back to the functional
     tensors, so the program records the input mutations."""
     labels = kind.labels(len(branches))
+    facts = kind.branch_facts(selector, len(branches))
     tracer = _compat.active_fx_tracer()
     mode = getattr(ctx, "mode", None)
     if pretraced(branches, tracer, functional=True) is not None:
@@ -278,10 +292,10 @@ def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands
         written, branches = pending_writes(branches)
     elif mode is not None and tracer is not None:
         operands, written, branches = _trace_functionalized(
-            tracer, mode, branches, operands, labels
+            tracer, mode, branches, operands, labels, facts
         )
     elif mode is not None and not host_readable(selector):
-        written, branches = _writes_found_by_running(ctx, mode, branches, operands, labels)
+        written, branches = _writes_found_by_running(ctx, mode, branches, operands, labels, facts)
     else:
         written = ()
         branches = [
@@ -298,25 +312,25 @@ def _functionalize_rule(kind: ConditionalKind, ctx, selector, branches, operands
     return ctx.wrap_tensors(out)
 
 
-def _trace_functionalized(tracer, mode, branches, operands, labels):
+def _trace_functionalized(tracer, mode, branches, operands, labels, facts):
     """Trace the branches functionalized in the current session.
 
     Returns the operands with the closures lifted, the written positions, and the graphs
     to hand on. A given graph runs node by node, so the trace keeps its stack traces."""
     fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
-    traced = trace_in_session(tracer, fns, tuple(operands), labels, mode)
+    traced = trace_in_session(tracer, fns, tuple(operands), labels, mode, facts=facts)
     written, branches = pending_writes(traced.branches)
     return traced.operands, written, branches
 
 
-def _writes_found_by_running(ctx, mode, branches, operands, labels):
+def _writes_found_by_running(ctx, mode, branches, operands, labels, facts):
     """Find the writes by running the branches functionalized, without a trace.
 
     AOTAutograd's metadata pass then sees the same input mutations as a trace. Returns
     the written positions and branches that also return the new values."""
     inner = ctx.unwrap_tensors(operands)
     fns = [_compat.run_with_interpreter(plain(b)) for b in branches]
-    written = writes_of(fns, mode, labels, inner)
+    written = writes_of(fns, mode, labels, inner, facts)
     return written, [returning_writes(b, mode, label, written) for b, label in zip(fns, labels)]
 
 
@@ -450,6 +464,7 @@ _compat_dynamo.install(
             kind.labels,
             kind.warn_if_exporting,
             kind.known_index,
+            kind.branch_facts,
         )
         for kind in _KINDS.values()
     },

@@ -242,13 +242,19 @@ def run_collecting_writes(fn: Callable, mode, label: str, args: tuple):
     return out, written
 
 
-def writes_of(fns: Sequence[Callable], mode, labels: Sequence[str], args: tuple) -> tuple:
+def writes_of(
+    fns: Sequence[Callable], mode, labels: Sequence[str], args: tuple, facts: Sequence
+) -> tuple:
     """Return the positions of the inputs that some of ``fns`` write to.
 
-    Each function runs functionalized by ``mode``, so nothing is written."""
+    Each function runs functionalized by ``mode``, so nothing is written, and assuming
+    its ``facts`` (``trace_branches``)."""
     written: set[int] = set()
-    for fn, label in zip(fns, labels):
-        written.update(i for i, _ in run_collecting_writes(fn, mode, label, args)[1])
+    env = getattr(_compat.fake_mode_of(args), "shape_env", None)
+    for fn, label, f in zip(fns, labels, facts):
+        with _compat.assuming(env, f, label) as branch:
+            given = args if branch is None else branch.specialized(args)
+            written.update(i for i, _ in run_collecting_writes(fn, mode, label, given)[1])
     return tuple(sorted(written))
 
 
@@ -281,6 +287,7 @@ def trace_branches(
     labels: Sequence[str],
     functional: bool = False,
     lift_also: Callable[[object], bool] = lifts_nothing_else,
+    facts: Sequence[Sequence] | None = None,
 ) -> Traced:
     """Trace every branch into a GraphModule that takes the same flat inputs.
 
@@ -288,9 +295,14 @@ def trace_branches(
     branches run under functionalization, and the PretracedBranches record it.
     ``lift_also(value)`` says whether a tensor unknown to the enclosing trace is still
     a closure. One example is a stand-in for a batched tensor (closures.py).
+    ``facts[k]`` is what branch k may assume (``ConditionalKind.branch_facts``).
     """
+    facts = facts or [()] * len(branches)
     with every_branch_runs(), _real_constants_kept(_compat.fake_mode_of(operands) is not None):
-        traced = [trace_lifting(b, operands, parent_tracer, lift_also=lift_also) for b in branches]
+        traced = [
+            trace_lifting(b, operands, parent_tracer, lift_also=lift_also, facts=f, label=label)
+            for b, f, label in zip(branches, facts, labels)
+        ]
         lifted: dict[int, object] = {}
         for _, branch_lifted in traced:
             for value, _node in branch_lifted:
@@ -301,7 +313,7 @@ def trace_branches(
             _align_lifted_placeholders(gm, branch_lifted, lifted, len(operands))
         every_operand = tuple(operands) + tuple(lifted.values())
         graphs, written = _writes_as_outputs(
-            graphs, every_operand, len(operands), labels, parent_tracer, functional
+            graphs, every_operand, len(operands), labels, parent_tracer, functional, facts
         )
     _refuse_writes_under_derivative(written, len(operands), labels)
     return Traced(
@@ -339,7 +351,7 @@ def _real_constants_kept(fake: bool):
 
 
 def _writes_as_outputs(
-    graphs, operands: tuple, n_operands: int, labels, parent_tracer, functional: bool
+    graphs, operands: tuple, n_operands: int, labels, parent_tracer, functional: bool, facts
 ):
     """Return graphs that write to none of their inputs, and the written positions.
 
@@ -354,8 +366,8 @@ def _writes_as_outputs(
         return graphs, ()
     if not functional:
         graphs = [
-            _functional_retrace(gm, operands, parent_tracer, label) if mine else gm
-            for gm, mine, label in zip(graphs, writes, labels)
+            _functional_retrace(gm, operands, parent_tracer, label, f) if mine else gm
+            for gm, mine, label, f in zip(graphs, writes, labels, facts)
         ]
         # Functionalization may find more writes. Some ops' schemas hide a write, such
         # as batch_norm updating its running statistics in a pre-dispatch trace.
@@ -367,9 +379,13 @@ def _writes_as_outputs(
     return graphs, written
 
 
-def _functional_retrace(gm, operands: tuple, parent_tracer, label: str) -> torch.fx.GraphModule:
+def _functional_retrace(
+    gm, operands: tuple, parent_tracer, label: str, facts
+) -> torch.fx.GraphModule:
     fn = functionalized_writing_back(_replaying(gm), _compat.new_functional_mode(), label)
-    retraced, _ = trace_lifting(fn, operands, parent_tracer, user_stack_traces=False)
+    retraced, _ = trace_lifting(
+        fn, operands, parent_tracer, user_stack_traces=False, facts=facts, label=label
+    )
     return retraced
 
 
@@ -591,6 +607,8 @@ def trace_lifting(
     user_stack_traces: bool = True,
     lift_constants: bool = True,
     lift_also: Callable[[object], bool] = lifts_nothing_else,
+    facts: Sequence = (),
+    label: str = "branch",
 ) -> tuple[torch.fx.GraphModule, list]:
     """Trace ``fn`` with make_fx as a subgraph of the current trace, lifting closures.
 
@@ -599,6 +617,10 @@ def trace_lifting(
     stack trace. Without it, they keep what the re-run graph recorded. Without
     ``lift_constants``, a real tensor unknown to the enclosing trace stays a constant
     of the subgraph. ``lift_also`` works as in ``trace_branches``.
+
+    ``fn`` is traced assuming ``facts`` (sympy facts about sizes). Its checks that these
+    facts do not settle become checks in its graph, never guards of the whole program
+    (``_compat.assuming``); ``label`` names the branch in their messages.
     """
     parent = _compat.current_make_fx_tracer()
     if parent.fx_tracer is not parent_fx_tracer:
@@ -621,8 +643,12 @@ def trace_lifting(
             ),
         )
         traces = _branch_stack_traces(fx_tracer) if user_stack_traces else contextlib.nullcontext()
-        with traces, _marking_grad_disabled_nodes(fx_tracer):
-            gm = _compat.trace_inner(sub, fn, args)
+        fake = _compat.fake_mode_of(args)
+        assumed = _compat.assuming(getattr(fake, "shape_env", None), facts, label)
+        with traces, _marking_grad_disabled_nodes(fx_tracer), assumed as branch:
+            gm = _compat.trace_inner(sub, fn, args if branch is None else branch.specialized(args))
+    if branch is not None:
+        _compat.insert_checks(gm, branch.checks, label)
     return gm, lifted
 
 
