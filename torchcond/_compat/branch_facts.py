@@ -400,11 +400,12 @@ def _assert_message(frame) -> str | None:
 @contextlib.contextmanager
 def assuming(
     env: ShapeEnv | None, facts: Sequence[sympy.Basic], label: str
-) -> Iterator[Facts | None]:
+) -> Iterator[Facts | _NoFacts]:
     """Trace one branch under ``facts``. Yields the ``Facts``, whose ``checks`` the
-    branch made; None without a ShapeEnv (no symbolic sizes to reason about)."""
+    branch made and whose ``specialized`` gives it its inputs. Without a ShapeEnv (no
+    symbolic sizes to reason about) it yields one that knows nothing."""
     if env is None:
-        yield None
+        yield _NoFacts()
         return
     outer = getattr(env.__dict__.get("evaluate_expr"), "facts", None)
     scope = Facts(env, facts, label, outer if isinstance(outer, Facts) else None)
@@ -419,6 +420,15 @@ def assuming(
                 del env.__dict__[name]
             else:
                 env.__dict__[name] = value
+
+
+class _NoFacts:
+    """The facts of a branch traced without symbolic sizes: none."""
+
+    checks: tuple = ()
+
+    def specialized(self, args: tuple) -> tuple:
+        return args
 
 
 def _answering(method, asked):

@@ -346,8 +346,7 @@ class _ConditionalVariable:
             (ret_val, ret_spec), graph, lifted = self._subgraph(
                 tx, name, branch, operand_vts, may_write
             )
-        if assumed is not None:
-            insert_checks(graph, assumed.checks, name)
+        insert_checks(graph, assumed.checks, name)
         if not may_write and _writes_an_input(graph):
             # Under vmap, dynamo's own check compares the versions of the batched
             # wrappers, which a write to the tensor inside them leaves unchanged.

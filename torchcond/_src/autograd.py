@@ -459,8 +459,12 @@ def _retraced(kind: ConditionalKind, tracer, selector, fns, args):
     # Under a torch.func transform (jvp), the derivative is traced with its levels set
     # aside: tracing it calls requires_grad_, which a level refuses. The traced
     # conditional is then called on the level's tensors.
-    aside = _compat.transform_levels_set_aside() if _compat.torch_func_level_active() else None
-    with torch.enable_grad(), aside or contextlib.nullcontext():
+    aside = (
+        _compat.transform_levels_set_aside()
+        if _compat.torch_func_level_active()
+        else contextlib.nullcontext()
+    )
+    with torch.enable_grad(), aside:
         traced = closures.trace_in_session(tracer, fns, args, kind.labels(len(fns)))
     for gm in traced.graphs:
         _drop_autograd_detaches(gm)

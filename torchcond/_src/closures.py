@@ -365,7 +365,7 @@ def grad_closures(
     with torch.no_grad(), recorder:
         for branch, label, f in zip(branches, labels, facts):
             with _compat.assuming(env, f, label) as assumed:
-                branch(*(operands if assumed is None else assumed.specialized(operands)))
+                branch(*assumed.specialized(operands))
     given = {id(t) for t in operands}
     return [t for key, t in recorder.read.items() if key not in given and t.requires_grad]
 

@@ -195,8 +195,7 @@ def _fake(kind: ConditionalKind, mode: FakeTensorMode, selector, branches, opera
             for b, f, label in zip(branches, facts, labels):
                 # The branch's graph holds its checks already; they are not kept here.
                 with _compat.assuming(mode.shape_env, f, label) as assumed:
-                    given = operands if assumed is None else assumed.specialized(operands)
-                    outs.append(tuple(b(*given)))
+                    outs.append(tuple(b(*assumed.specialized(operands))))
         outside = _compat.unbacked_symbols(operands)
         return _merged(kind, branches, outs, mode.shape_env, outside)
 

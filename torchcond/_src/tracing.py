@@ -253,7 +253,7 @@ def writes_of(
     env = getattr(_compat.fake_mode_of(args), "shape_env", None)
     for fn, label, f in zip(fns, labels, facts):
         with _compat.assuming(env, f, label) as branch:
-            given = args if branch is None else branch.specialized(args)
+            given = branch.specialized(args)
             written.update(i for i, _ in run_collecting_writes(fn, mode, label, given)[1])
     return tuple(sorted(written))
 
@@ -646,9 +646,8 @@ def trace_lifting(
         fake = _compat.fake_mode_of(args)
         assumed = _compat.assuming(getattr(fake, "shape_env", None), facts, label)
         with traces, _marking_grad_disabled_nodes(fx_tracer), assumed as branch:
-            gm = _compat.trace_inner(sub, fn, args if branch is None else branch.specialized(args))
-    if branch is not None:
-        _compat.insert_checks(gm, branch.checks, label)
+            gm = _compat.trace_inner(sub, fn, branch.specialized(args))
+    _compat.insert_checks(gm, branch.checks, label)
     return gm, lifted
 
 
