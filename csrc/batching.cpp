@@ -71,45 +71,6 @@ bool one_call_of(PyObject* tuple, OneCall& out) {
   return PyDict_Check(out.buffer_hooks) && PyUnicode_Check(out.level_name) && eager_context_of(items[7], out.eager);
 }
 
-// What a one-call path hands on once a branch has run and the call cannot finish here:
-// the outputs of the branches that ran and settled, in order, and then the branch that
-// ran without settling, if one did. The general path takes these in place of calling
-// those branches, and runs only the branches after them.
-struct Handoff {
-  pybind11::list outputs;                        // each settled branch's output
-  pybind11::object out = pybind11::none();       // the unsettled branch's output, or None
-  pybind11::object error = pybind11::none();     // what it raised, or None
-  pybind11::object recorder = pybind11::none();  // its WriteRecorder, its writes in place, or None
-  pybind11::list assigned;                       // (module, name, buffer before) per buffer it assigned
-  pybind11::object record = pybind11::none();    // its state record (state._Found); None: no such branch
-};
-
-// A buffer registration hook (torch calls it before the buffer is set): records
-// (module, name, the buffer before) in the list of the (list, missing) pair it is bound
-// to, with `missing` for a buffer that was not there.
-PyObject* note_assigned(PyObject* bound, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 2) Py_RETURN_NONE;
-  PyObject* assigned = PyTuple_GET_ITEM(bound, 0);
-  PyObject* buffers = PyObject_GetAttrString(args[0], "_buffers");
-  if (buffers == nullptr) return nullptr;
-  PyObject* old = PyDict_Check(buffers) ? PyDict_GetItemWithError(buffers, args[1]) : nullptr;
-  if (old == nullptr && PyErr_Occurred()) {
-    Py_DECREF(buffers);
-    return nullptr;
-  }
-  PyObject* entry = PyTuple_Pack(3, args[0], args[1], old != nullptr ? old : PyTuple_GET_ITEM(bound, 1));
-  Py_DECREF(buffers);
-  if (entry == nullptr || PyList_Append(assigned, entry) < 0) {
-    Py_XDECREF(entry);
-    return nullptr;
-  }
-  Py_DECREF(entry);
-  Py_RETURN_NONE;
-}
-
-PyMethodDef kNoteAssigned = {"note_assigned", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(note_assigned)),
-                             METH_FASTCALL, "Records a buffer before a branch assigns it."};
-
 // Whether `pred` is batched by the only torch.func level, a vmap. A level's id is one
 // more than the number of levels below it, so the only level is 1, and
 // torch._C._functorch.current_level() names the innermost one. Returns -1 with a
@@ -158,32 +119,6 @@ int selectable(PyObject* a, PyObject* b, const std::vector<PyObject*>& as, const
   }
   return outputs_agree(outputs.ptr(), true);
 }
-
-class Hooked {  // the buffer hook in place of torch's, while a branch runs
- public:
-  Hooked(const OneCall& ctx, PyObject* assigned) : hooks_(ctx.buffer_hooks) {
-    PyObject* bound = PyTuple_Pack(2, assigned, ctx.missing);
-    hook_ = bound != nullptr ? PyCFunction_New(&kNoteAssigned, bound) : nullptr;
-    Py_XDECREF(bound);
-    key_ = PyLong_FromLong(-1);
-    ok_ = hook_ != nullptr && key_ != nullptr && PyObject_SetItem(hooks_, key_, hook_) == 0;
-  }
-  ~Hooked() {
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);  // the branch's error, if it raised
-    if (ok_ && PyObject_DelItem(hooks_, key_) < 0) PyErr_Clear();
-    Py_XDECREF(hook_);
-    Py_XDECREF(key_);
-    PyErr_Restore(type, value, traceback);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  PyObject* hooks_;
-  PyObject* hook_;
-  PyObject* key_;
-  bool ok_;
-};
 
 PyObject* none() { Py_RETURN_NONE; }
 
@@ -250,39 +185,16 @@ PyObject* run_both_and_select(const OneCall& ctx, PyObject* const* args, const a
       PyErr_Restore(type, value, traceback);
     }
   } reset{ctx.every_branch, token.ptr()};
-  Handoff handoff;
-  auto hand_on = [&]() { return py::cast(std::move(handoff)).release().ptr(); };
-  py::object outs[2];
+  py::tuple pair = py::make_tuple(py::handle(args[1]), py::handle(args[2]));
+  py::tuple record_pair = py::make_tuple(records[0], records[1]);
+  py::object recorder = new_recorder(operands.ptr());
+  const Guard guard{recorder.ptr(), true, nullptr, record_pair.ptr(), ctx.buffer_hooks, ctx.missing};
+  Handoff handoff = run_untaken(pair.ptr(), operands.ptr(), guard, 0);
+  auto hand_on = [&]() { return as_python(std::move(handoff)); };
+  if (handoff.stop >= 0) return hand_on();
+  py::object outs[2] = {handoff.outputs[0], handoff.outputs[1]};
   std::vector<PyObject*> leaves[2];
   for (int k = 0; k < 2; ++k) {
-    py::list assigned;
-    ObservedRun run{nullptr, nullptr};
-    {
-      Hooked hooked(ctx, assigned.ptr());
-      if (!hooked.ok()) return nullptr;
-      run = run_observed(args[1 + k], operands.ptr());
-    }
-    py::object recorder = run.recorder != nullptr ? py::reinterpret_steal<py::object>(run.recorder) : py::none();
-    bool settled = run.out != nullptr && run.recorder == nullptr && PyList_GET_SIZE(assigned.ptr()) == 0;
-    if (run.out == nullptr) {
-      handoff.error = py::error_already_set().value();  // KeyboardInterrupt too: undone, then raised
-    } else {
-      outs[k] = py::reinterpret_steal<py::object>(run.out);
-    }
-    if (settled) {
-      py::object probes = records[k].attr("probes"), snapshot = records[k].attr("snapshot");
-      const int same = snapshot_same(probes.ptr(), snapshot.ptr());
-      if (same < 0) return nullptr;
-      settled = same == 1;
-    }
-    if (!settled) {
-      if (outs[k]) handoff.out = outs[k];
-      handoff.recorder = recorder;
-      handoff.assigned = assigned;
-      handoff.record = records[k];
-      return hand_on();
-    }
-    handoff.outputs.append(outs[k]);
     if (!output_tensors(outs[k].ptr(), leaves[k])) return hand_on();
   }
   const int agree = selectable(outs[0].ptr(), outs[1].ptr(), leaves[0], leaves[1]);
@@ -398,13 +310,6 @@ PyMethodDef kMethods[] = {
 }  // namespace
 
 void bind_batching(pybind11::module& m) {
-  pybind11::class_<Handoff>(m, "Handoff", "What the one-call paths hand on to the general path (handoff.py).")
-      .def_readonly("outputs", &Handoff::outputs)
-      .def_readonly("out", &Handoff::out)
-      .def_readonly("error", &Handoff::error)
-      .def_readonly("recorder", &Handoff::recorder)
-      .def_readonly("assigned", &Handoff::assigned)
-      .def_readonly("record", &Handoff::record);
   for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw pybind11::error_already_set();

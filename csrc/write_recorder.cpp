@@ -39,6 +39,7 @@
 #include <torch/library.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -561,28 +562,8 @@ void stop_observing(Recorder& r) {
   c10::impl::tls_set_dispatch_key_excluded(kKey, r.was_excluded);
 }
 
-// One branch: fn(*args) while `r` observes, with the autograd state of each args[i]
-// where real[i] held and put back. `out` is a new reference, or nullptr with the
-// branch's error set; `kept` is false where the branch changed that state (the
-// refusal is recorded).
-struct BranchRun {
-  PyObject* out;
-  bool kept;
-};
-
-BranchRun run_held(Recorder& r, PyObject* fn, PyObject* args, const std::vector<bool>& real) {
-  r.hold(pybind11::reinterpret_borrow<pybind11::tuple>(args), real);
-  observe(r);
-  PyObject* out = PyObject_Call(fn, args, nullptr);
-  stop_observing(r);
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);  // put_back may run Python code
-  const bool kept = r.put_back();
-  PyErr_Restore(type, value, traceback);
-  return {out, kept};
-}
-
-// The error write_guard.py raises a changed autograd state's refusal from.
+// The error a changed autograd state of an operand is raised as; write_guard.py raises
+// the recorder's refusal from it.
 constexpr const char* kStateRefused = "torchcond: a change of an operand's autograd state refused";
 
 pybind11::object as_tuple(const std::optional<Refusal>& r) {
@@ -590,52 +571,109 @@ pybind11::object as_tuple(const std::optional<Refusal>& r) {
   return pybind11::make_tuple(r->operand, r->op, r->shape, r->why);
 }
 
-// run_recorded(branches, args, refuse_grad, start) -> (outputs, stop, recorder, error):
-// each of branches[start:] called on the tuple `args` (plain tensors, no transform) while
-// a recorder observes, until one writes or raises. `outputs`: each branch's output as a
-// tuple, up to the last one that returned; `stop`: the index of the branch that wrote or
-// raised, or -1; `recorder`: that branch's recorder (what it saved, what it was refused),
-// None when stop is -1; `error`: what it raised, or None. One call for write_guard.py's
-// common case: the branches' own ops are all that run between them.
-PyObject* run_recorded(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
-  if (n != 4 || !PyTuple_Check(a[1])) {
-    PyErr_SetString(PyExc_TypeError, "run_recorded(branches, args: tuple, refuse_grad, start)");
+// A buffer registration hook (torch calls it before the buffer is set): records
+// (module, name, the buffer before) in the list of the (list, missing) pair it is bound
+// to, with `missing` for a buffer that was not there.
+PyObject* note_assigned(PyObject* bound, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2) Py_RETURN_NONE;
+  PyObject* buffers = PyObject_GetAttrString(args[0], "_buffers");
+  if (buffers == nullptr) return nullptr;
+  PyObject* old = PyDict_Check(buffers) ? PyDict_GetItemWithError(buffers, args[1]) : nullptr;
+  PyObject* entry = nullptr;
+  if (old != nullptr || !PyErr_Occurred()) {
+    entry = PyTuple_Pack(3, args[0], args[1], old != nullptr ? old : PyTuple_GET_ITEM(bound, 1));
+  }
+  Py_DECREF(buffers);
+  const int appended = entry != nullptr ? PyList_Append(PyTuple_GET_ITEM(bound, 0), entry) : -1;
+  Py_XDECREF(entry);
+  if (appended < 0) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kNoteAssigned = {"note_assigned", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(note_assigned)),
+                             METH_FASTCALL, "Records a buffer before a branch assigns it."};
+
+// While a branch runs, note_assigned is torch's only buffer registration hook: non-strict
+// export's hook would map a branch's buffer to a node of the program. Other hooks are
+// put back after, with any the branch registered. `hooks` is torch's OrderedDict of
+// them, changed only through its own methods.
+class OnlyHook {
+ public:
+  OnlyHook(PyObject* hooks, PyObject* missing, PyObject* assigned) : hooks_(hooks) {
+    if (PyObject_Size(hooks) > 0) {
+      saved_ = PyObject_CallMethod(hooks, "copy", nullptr);
+      if (saved_ == nullptr || !call(hooks, "clear")) return;
+    }
+    PyObject* bound = PyTuple_Pack(2, assigned, missing);
+    hook_ = bound != nullptr ? PyCFunction_New(&kNoteAssigned, bound) : nullptr;
+    Py_XDECREF(bound);
+    key_ = PyLong_FromLong(-1);
+    ok_ = hook_ != nullptr && key_ != nullptr && PyObject_SetItem(hooks_, key_, hook_) == 0;
+  }
+  ~OnlyHook() {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);  // the branch's error, if it raised
+    if (ok_ && PyObject_DelItem(hooks_, key_) < 0) PyErr_Clear();
+    if (saved_ != nullptr) {  // torch's hooks first, then any the branch added
+      PyObject* added = PyObject_CallMethod(hooks_, "copy", nullptr);
+      if (added == nullptr || !call(hooks_, "clear") || !call(hooks_, "update", saved_) ||
+          !call(hooks_, "update", added)) {
+        PyErr_Clear();
+      }
+      Py_XDECREF(added);
+      Py_DECREF(saved_);
+    }
+    Py_XDECREF(hook_);
+    Py_XDECREF(key_);
+    PyErr_Restore(type, value, traceback);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  static bool call(PyObject* object, const char* method, PyObject* arg = nullptr) {
+    PyObject* result = arg != nullptr ? PyObject_CallMethod(object, method, "O", arg)
+                                      : PyObject_CallMethod(object, method, nullptr);
+    Py_XDECREF(result);
+    return result != nullptr;
+  }
+
+  PyObject* hooks_;
+  PyObject* saved_ = nullptr;
+  PyObject* hook_ = nullptr;
+  PyObject* key_ = nullptr;
+  bool ok_ = false;
+};
+
+// torchcond._C.Handoff: a Handoff as Python sees it, a named tuple. A tuple, so that the
+// cycle collector sees what it holds (an error's traceback may hold the Handoff).
+PyStructSequence_Field kHandoffFields[] = {
+    {"outputs", nullptr}, {"stop", nullptr},     {"out", nullptr},    {"error", nullptr},
+    {"recorder", nullptr}, {"assigned", nullptr}, {"record", nullptr}, {nullptr, nullptr}};
+PyStructSequence_Desc kHandoffDesc = {"torchcond._C.Handoff", "What run_untaken found (write_recorder.h).",
+                                      kHandoffFields, 7};
+PyTypeObject* handoff_type = nullptr;  // made once, when the module loads
+
+// Reads a Guard's tuple (see run_untaken_py); false for anything else.
+bool guard_of(PyObject* tuple, Guard& g) {
+  if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != 6) return false;
+  PyObject* const* items = &PyTuple_GET_ITEM(tuple, 0);
+  auto given = [](PyObject* item) { return item == Py_None ? nullptr : item; };
+  g = {given(items[0]), items[1] == Py_True, given(items[2]), given(items[3]), given(items[4]), given(items[5])};
+  return g.records == nullptr || (g.hooks != nullptr && g.missing != nullptr);
+}
+
+// run_untaken(branches, args, guard, start) -> Handoff. `guard` is a tuple (recorder,
+// observe, real, records, hooks, missing) as Guard says, None for a part not wanted.
+PyObject* run_untaken_py(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
+  Guard guard;
+  if (n != 4 || !PyTuple_Check(a[1]) || !guard_of(a[2], guard)) {
+    PyErr_SetString(PyExc_TypeError, "run_untaken(branches, args: tuple, guard: tuple of 6, start: int)");
     return nullptr;
   }
+  const Py_ssize_t start = PyLong_AsSsize_t(a[3]);
+  if (start == -1 && PyErr_Occurred()) return nullptr;
   try {
-    namespace py = pybind11;
-    py::sequence branches = py::reinterpret_borrow<py::sequence>(a[0]);
-    PyObject* args = a[1];
-    std::vector<std::optional<at::Tensor>> bases;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
-      bases.emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)));
-    }
-    const std::vector<bool> every(bases.size(), true);  // every arg is an operand itself
-    auto recorder = std::make_unique<Recorder>(std::move(bases), py::cast<std::vector<bool>>(a[2]));
-    const int64_t start = PyLong_AsLongLong(a[3]);
-    py::list outputs;
-    const int64_t num_branches = static_cast<int64_t>(py::len(branches));
-    auto stopped = [&](int64_t k, py::object error) {
-      return py::make_tuple(outputs, k, py::cast(recorder.release(), py::return_value_policy::take_ownership), error)
-          .release()
-          .ptr();
-    };
-    for (int64_t k = start; k < num_branches; ++k) {
-      py::object branch = branches[k];
-      const BranchRun run = run_held(*recorder, branch.ptr(), args, every);
-      if (run.out == nullptr) {
-        py::error_already_set error;
-        return stopped(k, error.value());
-      }
-      py::object result = py::reinterpret_steal<py::object>(run.out);
-      if (!run.kept) {
-        return stopped(
-            k, py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", kStateRefused)));
-      }
-      outputs.append(py::tuple(result));
-      if (recorder->wrote()) return stopped(k, py::none());
-    }
-    return py::make_tuple(outputs, -1, py::none(), py::none()).release().ptr();
+    return as_python(run_untaken(a[0], a[1], guard, start));
   } catch (...) {
     torch::translate_exception_to_python(std::current_exception());
     return nullptr;
@@ -643,8 +681,8 @@ PyObject* run_recorded(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
 }
 
 PyMethodDef kRecorderMethods[] = {
-    {"run_recorded", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(run_recorded)), METH_FASTCALL,
-     "The branches run one after the other, recorded, until one writes or raises."},
+    {"run_untaken", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(run_untaken_py)), METH_FASTCALL,
+     "Branches run one after the other, each as if untaken, until one does not settle."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
@@ -673,25 +711,95 @@ int autograd_state_same(PyObject* hold) {
   }
 }
 
-ObservedRun run_observed(PyObject* branch, PyObject* args) {
+PyObject* as_python(Handoff&& h) {
+  PyObject* t = PyStructSequence_New(handoff_type);
+  if (t == nullptr) return nullptr;
+  PyObject* items[7] = {h.outputs.release().ptr(),  PyLong_FromSsize_t(h.stop), h.out.release().ptr(),
+                        h.error.release().ptr(),    h.recorder.release().ptr(), h.assigned.release().ptr(),
+                        h.record.release().ptr()};
+  for (int i = 0; i < 7; ++i) PyStructSequence_SetItem(t, i, items[i]);
+  if (items[1] == nullptr) Py_CLEAR(t);
+  // Python 3.11 makes a named tuple made in C untracked by the cycle collector.
+  if (t != nullptr && !PyObject_GC_IsTracked(t)) PyObject_GC_Track(t);
+  return t;
+}
+
+pybind11::object new_recorder(PyObject* args) {
   std::vector<std::optional<at::Tensor>> bases;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
     bases.emplace_back(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)));
   }
-  const std::vector<bool> every(bases.size(), true);
-  Recorder recorder(std::move(bases), std::vector<bool>(every.size(), false));
-  BranchRun run = run_held(recorder, branch, args, every);
-  if (run.out != nullptr && !run.kept) {  // as run_recorded: the refusal is an error
-    Py_CLEAR(run.out);
-    PyErr_SetString(PyExc_RuntimeError, kStateRefused);
+  std::vector<bool> refuse(bases.size(), false);
+  return pybind11::cast(new Recorder(std::move(bases), std::move(refuse)), pybind11::return_value_policy::take_ownership);
+}
+
+Handoff run_untaken(PyObject* branches, PyObject* args, const Guard& guard, Py_ssize_t start) {
+  namespace py = pybind11;
+  Recorder* recorder = guard.recorder != nullptr ? &py::cast<Recorder&>(guard.recorder) : nullptr;
+  std::vector<bool> real;
+  if (guard.real != nullptr) {
+    real = py::cast<std::vector<bool>>(guard.real);
+  } else {
+    real.assign(PyTuple_GET_SIZE(args), true);
   }
-  if (run.out != nullptr && !recorder.wrote()) return {run.out, nullptr};
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyObject* kept =
-      pybind11::cast(new Recorder(std::move(recorder)), pybind11::return_value_policy::take_ownership).release().ptr();
-  PyErr_Restore(type, value, traceback);
-  return {run.out, kept};
+  const Py_ssize_t n = PySequence_Size(branches);
+  if (n < 0) throw py::error_already_set();
+  Handoff h;
+  for (Py_ssize_t k = start; k < n; ++k) {
+    auto fn = py::reinterpret_steal<py::object>(PySequence_GetItem(branches, k));
+    py::object record = py::none();
+    if (guard.records != nullptr) record = py::reinterpret_steal<py::object>(PySequence_GetItem(guard.records, k));
+    if (!fn || !record) throw py::error_already_set();
+    py::list assigned;
+    PyObject* out;
+    bool kept = true;
+    {
+      std::optional<OnlyHook> hooked;
+      if (!record.is_none()) {
+        hooked.emplace(guard.hooks, guard.missing, assigned.ptr());
+        if (!hooked->ok()) throw py::error_already_set();
+      }
+      if (recorder != nullptr) {
+        recorder->reset();
+        recorder->hold(py::reinterpret_borrow<py::tuple>(args), real);
+        if (guard.observe) observe(*recorder);
+      }
+      out = PyObject_Call(fn.ptr(), args, nullptr);
+      if (recorder != nullptr) {
+        if (guard.observe) stop_observing(*recorder);
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);  // put_back may run Python code
+        kept = recorder->put_back();
+        PyErr_Restore(type, value, traceback);
+      }
+    }
+    if (out != nullptr && !kept) {  // the refusal is recorded; this is its error
+      Py_CLEAR(out);
+      PyErr_SetString(PyExc_RuntimeError, kStateRefused);
+    }
+    if (out == nullptr) h.error = py::error_already_set().value();  // KeyboardInterrupt too
+    bool settled = out != nullptr && !(recorder != nullptr && recorder->wrote()) && py::len(assigned) == 0;
+    if (settled && !record.is_none()) {
+      py::object probes = record.attr("probes"), snapshot = record.attr("snapshot");
+      const int same = snapshot_same(probes.ptr(), snapshot.ptr());
+      if (same < 0) {
+        Py_DECREF(out);
+        throw py::error_already_set();
+      }
+      settled = same == 1;
+    }
+    if (settled) {
+      h.outputs.append(py::reinterpret_steal<py::object>(out));
+      continue;
+    }
+    h.stop = k;
+    if (out != nullptr) h.out = py::reinterpret_steal<py::object>(out);
+    if (recorder != nullptr && recorder->wrote()) h.recorder = py::reinterpret_borrow<py::object>(guard.recorder);
+    h.assigned = assigned;
+    h.record = record;
+    return h;
+  }
+  return h;
 }
 
 void bind_write_recorder(pybind11::module& m) {
@@ -710,29 +818,14 @@ void bind_write_recorder(pybind11::module& m) {
       .def(
           "put_back", [named](const AutogradHold& h) { return named(h.put_back()); },
           "Put back what changed; returns what changed(), as it was before.");
+  handoff_type = PyStructSequence_NewType(&kHandoffDesc);
+  if (handoff_type == nullptr) throw py::error_already_set();
+  m.add_object("Handoff", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(handoff_type)));
   py::class_<Recorder>(m, "WriteRecorder")
       .def(py::init<std::vector<std::optional<at::Tensor>>, std::vector<bool>>(), py::arg("bases"),
            py::arg("refuse_grad"))
       .def_static("available", &key_available, "Whether observe() can be used in this process.")
-      .def(
-          "run",
-          [](Recorder& r, py::handle fn, py::handle args, const std::vector<bool>& real) {
-            py::tuple call_args = py::tuple(py::reinterpret_borrow<py::object>(args));
-            const BranchRun run = run_held(r, fn.ptr(), call_args.ptr(), real);
-            if (run.out == nullptr) throw py::error_already_set();
-            py::object result = py::reinterpret_steal<py::object>(run.out);
-            TORCH_CHECK(run.kept, kStateRefused);
-            return py::make_tuple(py::tuple(result), r.wrote());
-          },
-          "hold(args, real); observe(); tuple(fn(*args)); stop(); put_back(). Returns that tuple and "
-          "whether the branch wrote.")
-      .def("hold", &Recorder::hold, "Hold the autograd state of args[i] where real[i].")
-      .def("put_back", &Recorder::put_back,
-           "Put back the held autograd state; False, with the refusal recorded, if it changed.")
-      .def("observe", &observe, "Forget the previous branch; record the ops this thread runs until stop().")
-      .def("reset", &Recorder::reset, "Forget the previous branch.")
       .def("rebase", &Recorder::rebase, "The operands of the next branch.")
-      .def("stop", &stop_observing)
       .def("before_write", [](Recorder& r, const std::string& op, const at::Tensor& t,
                               bool view) { return as_tuple(r.before_write(op, t, view)); })
       .def("made",

@@ -46,16 +46,44 @@ bool eager_context_of(PyObject* tuple, EagerContext& out);
 // the selector's device); 0 otherwise; -1 with a Python error set (eager.cpp).
 int eager_context(const EagerContext& context, const at::Tensor& selector);
 
-// One branch run on `args` (a tuple of the operands) while a recorder of its own
-// observes. A run that wrote to an operand, or raised, is left as it is: its
-// torchcond._C.WriteRecorder comes with it, holding what it saved and refused, for the
-// caller to undo or finish (write_guard.py). A change of an operand's autograd state is
-// put back and raised as run_recorded raises it.
-struct ObservedRun {
-  PyObject* out;       // a new reference, or nullptr with the Python error set
-  PyObject* recorder;  // a new reference, or nullptr for a run that wrote nothing and raised nothing
+// The one runner for branches that run whether or not they are taken (write_recorder.cpp).
+// It composes the guards around each branch, in this order: the buffer hook (with a
+// state record), the autograd hold and the write recorder (with a recorder), the
+// branch, then the snapshot's comparison (with a state record). Python settles what a
+// branch left (torchcond/_src/untaken.py, state.py, write_guard.py).
+//
+// What guards the branches; a null member is a guard not wanted.
+struct Guard {
+  PyObject* recorder = nullptr;  // a WriteRecorder, reset for each branch
+  bool observe = true;           // it hears ops by its dispatch key; false: the caller's mode tells it
+  PyObject* real = nullptr;      // bools: hold the autograd state of args[i] where real[i]; null: all
+  PyObject* records = nullptr;   // per branch, its state record (state._Found), or None
+  PyObject* hooks = nullptr;     // torch's buffer registration hooks (an OrderedDict), with records
+  PyObject* missing = nullptr;   // what note_assigned records for a buffer that was not there
 };
-ObservedRun run_observed(PyObject* branch, PyObject* args);
+
+// What run_untaken found: the outputs of the branches that settled, in order, and the
+// first branch that did not settle, if one ran (stop >= 0). That branch raised, wrote
+// to an operand, changed an operand's autograd state, assigned a buffer or changed
+// what its state record watches. Its writes are still in place. Hidden, as pybind11's
+// types in it are (gcc warns otherwise); Python sees it as a named tuple (as_python).
+struct __attribute__((visibility("hidden"))) Handoff {
+  pybind11::list outputs;
+  Py_ssize_t stop = -1;                          // the index of the branch that did not settle
+  pybind11::object out = pybind11::none();       // its output, or None
+  pybind11::object error = pybind11::none();     // what it raised, or None
+  pybind11::object recorder = pybind11::none();  // the recorder, where it wrote (saved or refused)
+  pybind11::list assigned;                       // (module, name, buffer before) per buffer it assigned
+  pybind11::object record = pybind11::none();    // its state record, or None
+};
+
+// branches[start:] called on the tuple `args`, one after the other, each under
+// `guard`, until one does not settle. Throws for the runner's own errors only.
+Handoff run_untaken(PyObject* branches, PyObject* args, const Guard& guard, Py_ssize_t start);
+// The Handoff as torchcond._C.Handoff (a named tuple); nullptr with a Python error set.
+PyObject* as_python(Handoff&& h);
+// A new WriteRecorder of the plain tensors in the tuple `args`, refusing no write.
+pybind11::object new_recorder(PyObject* args);
 // Whether the recorder's dispatch key is free for it in this process.
 bool recorder_available();
 // A new torchcond._C.AutogradHold of `tensor`, or nullptr with a Python error set.

@@ -159,6 +159,44 @@ def test_a_branch_that_raises_runs_once_and_its_writes_are_undone(how, failing):
     torch.testing.assert_close(x, ref)
 
 
+class _Held:
+    """What a branch closes over, to see that it is freed."""
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(lambda t, f, x: select(True, t, f, x), id="select"),
+        pytest.param(lambda t, f, x: per_example(True, t, f, x), id="vmap"),
+        pytest.param(lambda t, f, x: select(True, t, torch.neg, x), id="select-general"),
+        pytest.param(
+            lambda t, f, x: make_fx(lambda p, x: cond(p, t, f, (x,)))(torch.tensor(True), x),
+            id="make_fx",
+        ),
+    ],
+)
+def test_what_a_branch_that_raised_closes_over_is_freed(run):
+    """The runner hands a branch's error on (_C.Handoff). Its traceback holds the
+    branch's frame, and so what the branch closes over: the cycle collector frees it."""
+    import gc
+    import weakref
+
+    def call():
+        held = _Held()
+
+        def t(x):
+            assert held is not None
+            raise ValueError("t failed")
+
+        with torch.no_grad(), pytest.raises(ValueError, match="t failed"):
+            run(t, torch.cos, torch.ones(3))
+        return weakref.ref(held)
+
+    ref = call()
+    gc.collect()
+    assert ref() is None
+
+
 @pytest.mark.parametrize("how", HOWS)
 def test_a_refused_write_runs_once_and_names_what_it_wrote(how):
     w = torch.zeros(4)

@@ -979,49 +979,17 @@ def modules_untracked(mode):
         tracker._fw_post_handle = register_module_forward_hook(tracker._fw_post_hook)
 
 
-# torch keeps this one dict for the whole process (2.11-2.15). So it is bound once, not
-# looked up per branch.
-_BUFFER_REGISTRATION_HOOKS = torch.nn.modules.module._global_buffer_registration_hooks
+# torch's global buffer registration hooks, an OrderedDict of hooks by handle id. torch
+# keeps this one dict for the whole process (2.11-2.15), so it is bound once. The
+# branch runner makes its own hook the only one while a branch runs
+# (csrc/write_recorder.cpp).
+BUFFER_REGISTRATION_HOOKS = torch.nn.modules.module._global_buffer_registration_hooks
 
-# What the eager per-example cond in C++ reads (csrc/batching.cpp): the hooks above, the
-# forward-AD module with the name of its attribute that is >= 0 while a level is open,
-# and the innermost torch.func level's id, one more than the levels below it (2.11-2.15).
+# What the eager per-example cond in C++ reads (csrc/batching.cpp): the forward-AD
+# module with the name of its attribute that is >= 0 while a level is open, and the
+# innermost torch.func level's id, one more than the levels below it (2.11-2.15).
 PER_EXAMPLE_STATE = (
-    _BUFFER_REGISTRATION_HOOKS,
     _forward_ad,
     "_current_level",
     torch._C._functorch.current_level,
 )
-
-
-class only_buffer_registration_hook:  # a context manager, named as one
-    """Make ``hook(module, name, value)`` the only global buffer registration hook while active.
-
-    The hook sees every buffer that a module registers or is assigned, and no other hook
-    does. Non-strict export's hook maps an assigned buffer to a node of the graph being
-    made. It would take a branch's node for one of the program's nodes.
-    ``torch.nn.modules.module._global_buffer_registration_hooks``, an OrderedDict of
-    hooks by handle id, is the same on 2.11-2.15. This is a class, not a generator,
-    because it is entered around every branch that runs untaken. There a generator's
-    cost shows."""
-
-    __slots__ = ("hook", "saved")
-
-    def __init__(self, hook: Callable):
-        self.hook = hook
-
-    def __enter__(self) -> None:
-        hooks = _BUFFER_REGISTRATION_HOOKS
-        self.saved = dict(hooks) if hooks else None  # None means there were none, the usual case
-        hooks.clear()
-        hooks[-1] = self.hook
-
-    def __exit__(self, *exc) -> None:
-        hooks = _BUFFER_REGISTRATION_HOOKS
-        if self.saved is None and len(hooks) == 1 and -1 in hooks:
-            hooks.clear()  # none before, none registered meanwhile
-            return
-        added = {k: v for k, v in hooks.items() if k != -1}  # registered meanwhile
-        hooks.clear()
-        hooks.update(self.saved or {})
-        hooks.update(added)

@@ -54,19 +54,19 @@ class Ran:
 def taken_over(handoff: Handoff, labels: Sequence[str], operands: Sequence) -> list[Ran]:
     """Return a ``Ran`` for each branch that ``handoff`` says ran, in order."""
     ran = [Ran(out) for out in handoff.outputs]
-    if handoff.record is not None:
+    if handoff.stop >= 0:
         ran.append(_settled(handoff, labels[len(ran)], operands))
     return ran
 
 
 def _settled(handoff: Handoff, label: str, operands: Sequence) -> Ran:
     """Settle the branch that ran without settling, as the general path settles a branch
-    it runs (``state.run_branch`` inside ``BranchWrites.run_all``). What it changed
-    outside itself is put back or refused; what it wrote to its operands is taken and
-    undone, or undone and refused."""
+    it runs (``state.run_branch`` inside ``BranchWrites.run_all``, both through
+    ``_C.run_untaken``). What it changed outside itself is put back or refused; what it
+    wrote to its operands is taken and undone, or undone and refused."""
     error = handoff.error
     try:
-        watch_after(handoff.record, label, handoff.assigned, failed=error is not None)
+        watch_after(handoff.record, label, handoff.assigned, error is not None, under_select=True)
     except BranchMutationError as state_refused:
         error = state_refused
     recorder = handoff.recorder

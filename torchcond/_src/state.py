@@ -242,22 +242,21 @@ class every_branch_runs:  # A context manager, so it has a function-style name.
 def run_branch(fn: Callable, label: str, operands) -> object:
     """Return ``fn(*operands)`` for a user's branch ``fn``. When every branch runs, a
     buffer that ``fn`` assigns keeps its binding and takes the new value in place, in
-    the trace if there is one. Anything else that ``fn`` changes outside itself is put
-    back and refused."""
+    the trace if there is one. Anything else that ``fn`` changes outside what it
+    reaches is put back and refused (``_reachable`` says how far it reaches)."""
     if _compat.is_dynamo_compiling():  # Dynamo settles changes (every_branch_runs).
         return fn(*operands)
     how = _EVERY_BRANCH.get()
     if how is None:
         return fn(*operands)
-    watch = _Watch(_watched(fn, label), label)
-    with _compat.only_buffer_registration_hook(watch.assigned):
-        try:
-            out = fn(*operands)
-        except BaseException:
-            watch.after(failed=True, under_select=how == "select")
-            raise
-    watch.after(failed=False, under_select=how == "select")
-    return out
+    found = _watched(fn, label)
+    ran = _C.run_untaken((fn,), tuple(operands), (None, False, None, (found,), *_WORLD), 0)
+    if ran.stop < 0:
+        return ran.outputs[0]
+    watch_after(found, label, ran.assigned, ran.error is not None, how == "select")
+    if ran.error is not None:
+        raise ran.error
+    return ran.out
 
 
 _MISSING = object()
@@ -384,26 +383,25 @@ def _watched(fn: Callable, label: str) -> _Found:
     return found
 
 
-def watch_after(found: _Found, label: str, assigned: list, failed: bool) -> None:
-    """Settle the state of a branch that the C++ one-call paths ran under ``found``'s
-    watch, as ``run_branch`` settles its own: put back what it changed, and refuse the
-    change unless it ``failed`` (raised). ``assigned`` holds ``(module, name, buffer
-    before)`` for each buffer it assigned."""
+def watch_after(
+    found: _Found, label: str, assigned: list, failed: bool, under_select: bool
+) -> None:
+    """Settle the state of a branch that ran under ``found``'s watch
+    (``_C.run_untaken``): put back what it changed, and refuse the change unless it
+    ``failed`` (raised). ``assigned`` holds ``(module, name, buffer before)`` for each
+    buffer it assigned, which becomes a write unless ``under_select``."""
     watch = _Watch(found, label)
     for module, name, old in assigned:
         watch.buffers.setdefault((id(module), name), (module, name, old))
-    watch.after(failed=failed, under_select=True)
+    watch.after(failed=failed, under_select=under_select)
 
 
+# What the runner's buffer hook needs (csrc/write_recorder.cpp): torch's hooks, and what
+# it records for a buffer that was not there.
+_WORLD = (_compat.BUFFER_REGISTRATION_HOOKS, _MISSING)
 # What the eager one-call paths in C++ read and call (OneCall in csrc/batching.cpp),
 # passed with each call (api.py adds the eager context).
-ONE_CALL = (
-    fast_record,
-    _EVERY_BRANCH,
-    _compat.PER_EXAMPLE_STATE[0],
-    _MISSING,
-    *_compat.PER_EXAMPLE_STATE[1:],
-)
+ONE_CALL = (fast_record, _EVERY_BRANCH, *_WORLD, *_compat.PER_EXAMPLE_STATE)
 
 
 class _Watch:
@@ -418,12 +416,6 @@ class _Watch:
         self.buffers: dict[tuple[int, str], tuple[torch.nn.Module, str, Any]] = {}
         # The states the branch changed, found once it returns (``changed``).
         self._changed: list | None = None
-
-    def assigned(self, module: torch.nn.Module, name: str, value) -> None:
-        """Record a buffer before the branch assigns it. This is a registration hook."""
-        key = (id(module), name)
-        if key not in self.buffers:
-            self.buffers[key] = (module, name, _compat.module_buffers(module).get(name, _MISSING))
 
     def changed(self) -> list:
         """Return the states that differ from before the branch. Most branches change

@@ -4,7 +4,8 @@
 pick each output element on the device. A write that a branch makes must land only
 where the branch is taken, as under a Python ``if``. ``BranchWrites.run`` runs one
 branch under a recorder (``torchcond._C.WriteRecorder`` in csrc/write_recorder.cpp,
-which owns the rules). The recorder classifies every write before it lands:
+which owns the rules), through the runner of branches that run untaken
+(``_C.run_untaken``). The recorder classifies every write before it lands:
 
 * A write to a tensor that the branch made needs nothing. It is invisible outside.
 * A write to one operand, within its elements, is allowed. The recorder saves the
@@ -55,6 +56,9 @@ _transforms_active = _compat.transforms_active
 # Whether the recorder's dispatch key is free for it in this process
 # (csrc/write_recorder.cpp). If not, every branch is recorded through _WriteRecorder.
 _OBSERVE = _C.WriteRecorder.available()
+# The state watch's part of a guard for _C.run_untaken: none here. A user's branch
+# watches its own state (state.run_branch).
+_NO_WATCH = (None, None, None)
 
 
 @functools.cache
@@ -170,24 +174,29 @@ class BranchWrites:
         elif inputs is not self._inputs:
             self._recorder.rebase(self._bases(inputs))
         self._inputs = inputs
-        recorder = self.recorder
-        # The recorder holds the autograd state of the operands the branch receives.
+        # The runner holds the autograd state of the operands the branch receives.
         real = [a is o for a, o in zip(inputs, self._operands)]
+        observing = self._observing(inputs)
+        context = context if observing else (*context, _WriteRecorder(self))
+        fn = (lambda *args: _within(context, branch, args)) if context else branch
+        ran = _C.run_untaken((fn,), tuple(inputs), (self.recorder, observing, real, *_NO_WATCH), 0)
+        if ran.stop < 0:
+            self._wrote = False
+            return tuple(ran.outputs[0])
+        return self._stopped(ran)
+
+    def _stopped(self, ran: _C.Handoff) -> tuple:
+        """Return the outputs of the branch that stopped ``_C.run_untaken``, with its
+        writes saved for ``finish``. Raise, with its writes undone, where it raised or
+        a write was refused."""
+        self._wrote = ran.recorder is not None
         try:
-            if self._observing(inputs):
-                out, self._wrote = _within(context, recorder.run, (branch, inputs, real), tuple)
-            else:
-                recorder.reset()
-                recorder.hold(inputs, real)
-                try:
-                    out = _within((*context, _WriteRecorder(self)), branch, inputs)
-                finally:
-                    kept = recorder.put_back()
-                if not kept:
-                    raise RuntimeError("torchcond: autograd state changed")  # refused below
-                self._wrote = recorder.wrote
+            if ran.error is not None:
+                raise ran.error
+            out = tuple(ran.out)
         except BaseException as error:
-            self._undo_and_raise(error)
+            if self._wrote:
+                self._undo_and_raise(error)
             raise
         if self._wrote:  # finish() takes the saved value of a plain write.
             self._undo_and_raise(None)
@@ -263,24 +272,20 @@ class BranchWrites:
             done = [self.finish(self.run(label, b, inputs)) for label, b in zip(labels, branches)]
             return [outs for outs, _ in done], [values for _, values in done]
         self._inputs = inputs
+        self._recorder = _C.WriteRecorder(inputs, self._refuse)
         outputs: list = []
         values: list = []
         while len(outputs) < len(branches):
-            outs, k, self._recorder, error = _C.run_recorded(
-                branches, inputs, self._refuse, len(outputs)
-            )
-            outputs += outs
-            values += [{}] * len(outs)
-            if k < 0:
+            guard = (self._recorder, True, None, *_NO_WATCH)
+            ran = _C.run_untaken(branches, inputs, guard, len(outputs))
+            outputs += map(tuple, ran.outputs)
+            values += [{}] * len(ran.outputs)
+            if ran.stop < 0:
                 break
-            self.label = labels[k]
-            if error is not None:
-                self._undo_and_raise(error)
-                raise error
-            # The recorder saved a write to an operand. finish() takes the new value and
-            # puts the old one back.
-            self._wrote = True
-            outputs[-1], values[-1] = self.finish(outputs[-1])
+            self.label = labels[ran.stop]
+            out, new_values = self.finish(self._stopped(ran))
+            outputs.append(out)
+            values.append(new_values)
         return outputs, values
 
     def _undo_and_raise(self, error: BaseException | None) -> None:
