@@ -54,7 +54,7 @@ at::Tensor batch_first(const at::Tensor& t, int64_t level, const c10::SymInt& si
 // What they read and call of Python comes with each call, as a tuple in this order
 // (state.ONE_CALL, with api._EAGER last). Its items are borrowed from it.
 struct OneCall {
-  PyObject* record = nullptr;         // state.fast_record(fn, label) -> its _Found, or None
+  PyObject* record = nullptr;         // state._watched(fn, label) -> its _Found
   PyObject* every_branch = nullptr;   // state._EVERY_BRANCH, a ContextVar
   PyObject* buffer_hooks = nullptr;   // torch's global buffer registration hooks (a dict)
   PyObject* missing = nullptr;        // state._MISSING
@@ -169,7 +169,6 @@ PyObject* run_both_and_select(const OneCall& ctx, PyObject* const* args, const a
     PyObject* call[2] = {args[1 + k], labels[k]};
     records[k] = py::reinterpret_steal<py::object>(PyObject_Vectorcall(ctx.record, call, 2, nullptr));
     if (!records[k]) return nullptr;
-    if (records[k].is_none()) return none();
   }
   // Both branches run, each as if untaken (state.every_branch_runs("select")).
   static PyObject* const select_how = PyUnicode_InternFromString("select");

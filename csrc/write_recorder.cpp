@@ -345,6 +345,7 @@ class Recorder {
     outside_.clear();
     saved_.clear();
     refusal_.reset();
+    copies_.clear();
   }
 
   // A write to `written` by `op` is about to land. Returns why it is refused, if it is;
@@ -355,6 +356,9 @@ class Recorder {
     const at::Tensor& t = functorch_base(written);
     const StorageId s = storage_of(t);
     if (s == nullptr) return std::nullopt;  // a wrapper: seen again on what it wraps
+    for (const auto& [copy, i] : copies_) {
+      if (copy == s && view) return refuse(i, op, t, kMetadata);
+    }
     if (made_.count(s) && !outside_.count(s)) return std::nullopt;
     int64_t first = -1, matches = 0;
     for (size_t i = 0; i < storages_.size(); ++i) {
@@ -380,10 +384,7 @@ class Recorder {
       save(first);
       return std::nullopt;
     }
-    Refusal r{first, op, {}, *why};
-    if (concrete(t)) r.shape = t.sizes().vec();
-    if (!refusal_) refusal_ = r;
-    return r;
+    return refuse(first, op, t, *why);
   }
 
   // An output of an op whose schema returns fresh tensors: made by the branch, unless
@@ -397,6 +398,12 @@ class Recorder {
       if (stored == s) return;
     }
     made_.insert(s);
+  }
+
+  // `t` is the branch's own copy of operand `i` (write_guard.py's run_owning): its
+  // values are the branch's to write, but not its shape, strides or storage.
+  void copy_of(int64_t i, const at::Tensor& t) {
+    if (StorageId s = storage_of(functorch_base(t))) copies_.emplace_back(s, i);
   }
 
   void mark_outside(const at::Tensor& t) {
@@ -446,7 +453,15 @@ class Recorder {
   std::vector<std::optional<at::Tensor>> bases_;
   std::vector<bool> refuse_grad_;
   std::vector<StorageId> storages_;
+  std::optional<Refusal> refuse(int64_t operand, const std::string& op, const at::Tensor& t, int64_t why) {
+    Refusal r{operand, op, {}, why};
+    if (concrete(t)) r.shape = t.sizes().vec();
+    if (!refusal_) refusal_ = r;
+    return r;
+  }
+
   std::unordered_set<StorageId> made_, outside_;
+  std::vector<std::pair<StorageId, int64_t>> copies_;
   std::vector<std::pair<int64_t, at::Tensor>> saved_;
   std::optional<Refusal> refusal_;
   std::vector<std::pair<int64_t, AutogradHold>> held_;
@@ -834,6 +849,7 @@ void bind_write_recorder(pybind11::module& m) {
              for (const auto& i : inputs) in.push_back(storage_of(i));
              r.made(storage_of(t), in);
            })
+      .def("copy_of", &Recorder::copy_of, "Operand i's copy, whose shape the branch may not change.")
       .def("mark_outside", &Recorder::mark_outside)
       .def("undo", &Recorder::undo)
       .def_property_readonly("wrote", &Recorder::wrote)

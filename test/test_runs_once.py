@@ -70,7 +70,11 @@ HOWS = [pytest.param(select, id="select"), pytest.param(per_example, id="vmap")]
         "both_write",
     ],
 )
-def test_each_branch_runs_once_and_gives_the_python_if_value(how, pred, case):
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_each_branch_runs_once_and_gives_the_python_if_value(how, pred, case, grad):
+    """Under grad mode every branch writes its own copy of an operand (write_guard's
+    run_owning), from the start, so no branch runs again."""
+
     def t(x):
         if case in ("t_writes", "both_write"):
             x.mul_(2)
@@ -88,7 +92,7 @@ def test_each_branch_runs_once_and_gives_the_python_if_value(how, pred, case):
     expected = python_if(how, pred, t, f, ref)
     for _ in range(2):  # the first call and a later one
         got_x = x.clone()
-        with torch.no_grad(), Runs(t=t, f=f) as runs:
+        with torch.set_grad_enabled(grad), Runs(t=t, f=f) as runs:
             out = how(pred, t, f, got_x)
         assert runs.counts == {"t": 1, "f": 1}
         for a, b in zip(

@@ -358,16 +358,6 @@ def _found(fn: Callable) -> _Found:
     return found
 
 
-def fast_record(fn, label: str) -> _Found | None:
-    """Return the record of a plain function ``fn`` that the eager one-call paths in C++
-    may run (csrc/batching.cpp), or None. That code compares the record's snapshot
-    after the branch, as ``run_branch`` does, and hands anything else on
-    (handoff.py), which settles it with ``watch_after``."""
-    if type(fn) is not types.FunctionType:
-        return None
-    return _watched(fn, label)
-
-
 def _watched(fn: Callable, label: str) -> _Found:
     """Return what ``fn`` reaches, before it runs as if untaken. Refuse it if it reaches
     an iterator, whose position no snapshot can put back."""
@@ -401,7 +391,7 @@ def watch_after(
 _WORLD = (_compat.BUFFER_REGISTRATION_HOOKS, _MISSING)
 # What the eager one-call paths in C++ read and call (OneCall in csrc/batching.cpp),
 # passed with each call (api.py adds the eager context).
-ONE_CALL = (fast_record, _EVERY_BRANCH, *_WORLD, *_compat.PER_EXAMPLE_STATE)
+ONE_CALL = (_watched, _EVERY_BRANCH, *_WORLD, *_compat.PER_EXAMPLE_STATE)
 
 
 class _Watch:

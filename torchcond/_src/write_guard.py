@@ -119,11 +119,16 @@ class BranchWrites:
             needs or (owning and isinstance(t, _Tensor)) for needs, t in zip(refuse_grad, operands)
         ]
         self._owning = owning
-        # With ``owning``, these are the operands that each branch gets a copy of. Under
-        # export's pre-dispatch trace, a write is in the graph before the recorder hears
-        # of it, so it cannot be stopped. Every branch then writes copies from the
-        # start. Only the copies that it wrote, whose version moved, are new values.
-        self._upfront = owning and not _is_dynamo_compiling() and _compat.pre_dispatch_tracing()
+        # With ``owning``, these are the operands that each branch gets a copy of. Every
+        # branch writes copies from the start in eager code, so that no branch runs
+        # twice, and under export's pre-dispatch trace, where a write is in the graph
+        # before the recorder hears of it. Only the copies that it wrote, whose version
+        # moved, are new values. Other traces copy an operand once a branch writes it.
+        self._upfront = (
+            owning
+            and not _is_dynamo_compiling()
+            and (_compat.pre_dispatch_tracing() or not _compat.tracing_active())
+        )
         # Per run of a branch on copies: each copied operand's memory read through another
         # tensor the branch closes over (``note_closure_read``).
         self._aliases_read: dict[int, torch.Tensor] = {}
@@ -210,12 +215,16 @@ class BranchWrites:
 
         The branch writes its own copy of an operand. The copy's value afterwards is
         the operand's new value. Putting the old value back in place, as ``run`` does,
-        would change a tensor that the graph saved. A write to an operand that has no
-        copy stops before it lands. The branch then runs again with a copy of it, as
-        every later branch does. A branch that writes nothing runs once, on the
-        operands. ``reads()`` gives the mode through which the branch reads the tensors
-        it closes over, for one run (``closures.StandIns``). Through it, the branch
-        reads its copy where it reads an operand that it was given a copy of."""
+        would change a tensor that the graph saved. In eager code every branch gets a
+        copy of each operand that needs no gradient, so each runs once. In a trace
+        other than export's, a write to an operand that has no copy stops before it
+        lands, and the branch is traced again with a copy of it, as every later branch
+        is; a branch that writes nothing is traced once, on the operands. A copy's
+        shape, strides and storage are refused as an operand's are.
+
+        ``reads()`` gives the mode through which the branch reads the tensors it
+        closes over, for one run (``closures.StandIns``). Through it, the branch reads
+        its copy where it reads an operand that it was given a copy of."""
         while True:
             copied = tuple(self._copied)
             self._aliases_read = {}
@@ -224,6 +233,8 @@ class BranchWrites:
             def read_copy(i: int, copy: torch.Tensor, mode=mode) -> None:
                 mode.read_as(self._operands[i], copy)
                 mode.read_as(inputs[i], copy)
+                if self._recorder is not None:
+                    self._recorder.copy_of(i, copy)
 
             try:
                 out = self.run(label, _writing_copies(branch, copied, read_copy), inputs, mode)
@@ -266,27 +277,9 @@ class BranchWrites:
 
     def run_all(self, labels: Sequence[str], branches: Sequence[Callable], inputs) -> tuple:
         """Run and finish each branch on ``inputs``, without a context. Return every
-        branch's outputs and, for each branch, the new operand values that it wrote.
-        When the recorder observes, one call runs the branches until one writes."""
-        if not (self._records and type(inputs) is tuple and self._observing(inputs)):
-            done = [self.finish(self.run(label, b, inputs)) for label, b in zip(labels, branches)]
-            return [outs for outs, _ in done], [values for _, values in done]
-        self._inputs = inputs
-        self._recorder = _C.WriteRecorder(inputs, self._refuse)
-        outputs: list = []
-        values: list = []
-        while len(outputs) < len(branches):
-            guard = (self._recorder, True, None, *_NO_WATCH)
-            ran = _C.run_untaken(branches, inputs, guard, len(outputs))
-            outputs += map(tuple, ran.outputs)
-            values += [{}] * len(ran.outputs)
-            if ran.stop < 0:
-                break
-            self.label = labels[ran.stop]
-            out, new_values = self.finish(self._stopped(ran))
-            outputs.append(out)
-            values.append(new_values)
-        return outputs, values
+        branch's outputs and, for each branch, the new operand values that it wrote."""
+        done = [self.finish(self.run(label, b, inputs)) for label, b in zip(labels, branches)]
+        return [outs for outs, _ in done], [values for _, values in done]
 
     def _undo_and_raise(self, error: BaseException | None) -> None:
         """Undo every write of the branch after an ``error`` or a refused write. Then raise
