@@ -353,8 +353,10 @@ def _writing_copies(
 
     def run(*operands):
         inputs = list(operands)
+        with _compat.torch_function_disabled():  # a copy of what the branch is given
+            for i in copied:
+                inputs[i] = inputs[i].clone()
         for i in copied:
-            inputs[i] = inputs[i].clone()
             read_copy(i, inputs[i])
         return (*branch(*inputs), *(inputs[i] for i in copied))
 
