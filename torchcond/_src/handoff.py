@@ -20,7 +20,7 @@ from .. import _C
 from .._compat import pytree
 from ..errors import BranchMutationError
 from .state import watch_after
-from .write_guard import refusal_error, take_writes
+from .write_guard import BranchWrites
 
 Handoff = _C.Handoff
 
@@ -69,17 +69,10 @@ def _settled(handoff: Handoff, label: str, operands: Sequence) -> Ran:
         watch_after(handoff.record, label, handoff.assigned, error is not None, under_select=True)
     except BranchMutationError as state_refused:
         error = state_refused
-    recorder = handoff.recorder
-    if recorder is None:
-        return Ran(handoff.out, error)
-    if error is None:
-        leaves, spec = pytree.tree_flatten(handoff.out)
-        outputs, values = take_writes(recorder, operands, leaves)
-        return Ran(pytree.tree_unflatten(list(outputs), spec), writes=values)
-    recorder.undo()
-    refusal = recorder.refusal
-    if refusal is not None and not isinstance(error, BranchMutationError):
-        write_refused = refusal_error(label, refusal)
-        write_refused.__cause__, write_refused.__suppress_context__ = error, True
-        error = write_refused
-    return Ran(error=error)
+    leaves, spec = pytree.tree_flatten(handoff.out)
+    writes = BranchWrites(operands, [False] * len(operands))
+    try:
+        outputs, values = writes.settle(label, handoff.recorder, error, leaves)
+    except BaseException as failed:  # the branch's error, or the refusal of its write
+        return Ran(error=failed)
+    return Ran(pytree.tree_unflatten(list(outputs), spec), writes=values)

@@ -188,17 +188,25 @@ class BranchWrites:
         if ran.stop < 0:
             self._wrote = False
             return tuple(ran.outputs[0])
-        return self._stopped(ran)
+        return self._stopped(ran.recorder, ran.error, ran.out)
 
-    def _stopped(self, ran: _C.Handoff) -> tuple:
+    def settle(self, label: str, recorder, error, outputs) -> tuple[tuple, dict[int, torch.Tensor]]:
+        """``finish`` a branch that ran under ``recorder`` (None: it wrote nothing) and
+        stopped ``_C.run_untaken``, with ``outputs`` or its ``error``."""
+        self.label = label
+        return self.finish(self._stopped(recorder, error, outputs))
+
+    def _stopped(self, recorder, error, outputs) -> tuple:
         """Return the outputs of the branch that stopped ``_C.run_untaken``, with its
         writes saved for ``finish``. Raise, with its writes undone, where it raised or
         a write was refused."""
-        self._wrote = ran.recorder is not None
+        self._wrote = recorder is not None
+        if recorder is not None:
+            self._recorder = recorder
         try:
-            if ran.error is not None:
-                raise ran.error
-            out = tuple(ran.out)
+            if error is not None:
+                raise error
+            out = tuple(outputs)
         except BaseException as error:
             if self._wrote:
                 self._undo_and_raise(error)
