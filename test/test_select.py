@@ -9,6 +9,7 @@ extension (``cuda_emulation.py``) that runs the same kernel code on the CPU one
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -1442,3 +1443,106 @@ def test_without_a_gradient_strategy_select_is_one_c_call():
         torch.vmap(under_vmap)(x)
         assert answers == [None]
     assert torchcond._C.select_cond(ONE_CALL, torch.tensor(True), t, f, (x,)) is None  # a gradient
+
+
+class _PassingDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _PassingFunctionMode(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _in(context):
+    """Run ``call(x)`` under ``context``, under no_grad unless the context says otherwise."""
+
+    def run(call, x):
+        with context():
+            call(x)
+
+    return run
+
+
+def _through(transform):
+    """Run ``call(x)`` inside ``transform`` (a torch.func transform of a function of x)."""
+
+    def run(call, x):
+        transform(lambda x: (call(x), x.sum())[1])(x)
+
+    return run
+
+
+# Where a call may find itself. Each one-call path must take it exactly where
+# torchcond._compat sees plain eager code (csrc/batching.cpp restates that rule in C).
+_CALL_CONTEXTS = {
+    "plain": _in(contextlib.nullcontext),
+    "grad mode": _in(torch.enable_grad),
+    "forward-AD level": _in(torch.autograd.forward_ad.dual_level),
+    "dispatch mode": _in(_PassingDispatchMode),
+    "torch-function mode": _in(_PassingFunctionMode),
+    "profiler": _in(torch.autograd.profiler.profile),
+    "torch.func.grad": _through(torch.func.grad),
+    "torch.func.jvp": _through(lambda f: lambda x: torch.func.jvp(f, (x,), (x,))[1]),
+    "functionalize": _through(torch.func.functionalize),
+    "torch.jit.trace": _through(lambda f: lambda x: torch.jit.trace(f, (x,))),
+}
+
+
+def _plain_eager_for_compat(per_example: bool, pred) -> bool:
+    """Whether torchcond._compat sees plain eager code with no gradient: for
+    ``per_example``, the only torch.func level is a vmap that batches ``pred``."""
+    from torchcond import _compat
+
+    if per_example:
+        levels = _compat.eager_vmap_level(pred)
+        if levels is None or levels[0] != 1 or _compat.differentiating_transforms_active():
+            return False
+    elif _compat.transforms_active():
+        return False
+    return not (
+        torch.is_grad_enabled()
+        or _compat.tracing_active()
+        or _compat.len_function_stack()
+        or _compat.profiler_enabled()
+        or torch.jit.is_tracing()
+    )
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")
+@pytest.mark.parametrize("per_example", [False, True], ids=["select_cond", "per_example_cond"])
+@pytest.mark.parametrize("where", list(_CALL_CONTEXTS))
+def test_the_one_call_paths_take_a_call_exactly_where_compat_sees_plain_eager_code(
+    where, per_example
+):
+    def t(x):
+        return x.sin()
+
+    def f(x):
+        return x.cos()
+
+    seen = []
+
+    def call(x):
+        if per_example:
+            pred = x > 0
+            took = torchcond._C.per_example_cond(ONE_CALL, pred, t, f, (x,)) is not None
+        else:
+            pred = torch.tensor(True)
+            took = torchcond._C.select_cond(ONE_CALL, pred, t, f, (x,)) is not None
+        seen.append((took, _plain_eager_for_compat(per_example, pred)))
+        return x
+
+    x = torch.tensor([1.0, -2.0, 3.0])
+    run = _CALL_CONTEXTS[where]
+    with torch.no_grad():
+        if per_example:
+            run(lambda x: torch.vmap(call)(x), x)
+        else:
+            run(call, x)
+    assert seen, "the call was not made"
+    for took, plain in seen:
+        assert took == plain, f"under {where}: C took the call: {took}; _compat: {plain}"
+    if where == "plain":
+        assert seen[0][0]

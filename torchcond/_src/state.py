@@ -379,11 +379,53 @@ def watch_after(
     """Settle the state of a branch that ran under ``found``'s watch
     (``_C.run_untaken``): put back what it changed, and refuse the change unless it
     ``failed`` (raised). ``assigned`` holds ``(module, name, buffer before)`` for each
-    buffer it assigned, which becomes a write unless ``under_select``."""
-    watch = _Watch(found, label)
+    buffer it assigned. Each becomes a write of the new value into the buffer before,
+    unless ``under_select`` (``check_registry_change``)."""
+    # (id(module), name) -> (module, name, the buffer before the branch, or _MISSING)
+    buffers: dict[tuple[int, str], tuple[torch.nn.Module, str, Any]] = {}
     for module, name, old in assigned:
-        watch.buffers.setdefault((id(module), name), (module, name, old))
-    watch.after(failed=failed, under_select=under_select)
+        buffers.setdefault((id(module), name), (module, name, old))
+    if not buffers and found.unchanged():
+        return  # Most often, the branch changed nothing that it can reach.
+    found.valid = False  # The next call finds the states anew.
+    changed = [state for state in found.states if state.changed()]
+    for state in changed:
+        if isinstance(state, _ModuleState):
+            for name in state.rebound_buffers():
+                old = state.buffers.get(name, _MISSING)
+                buffers.setdefault((id(state.module), name), (state.module, name, old))
+    writes, error = [], None
+    if not failed:
+        try:
+            writes = _buffer_writes(found, label, buffers, under_select)
+            for state in changed:
+                state.check(label)
+        except BranchMutationError as refused:
+            error = refused
+    for module, name, old in buffers.values():
+        if old is _MISSING:
+            _compat.module_buffers(module).pop(name, None)
+        else:
+            _compat.module_buffers(module)[name] = old
+    for state in changed:  # A state the branch left as it was needs nothing put back.
+        state.restore()
+    if error is not None:
+        raise error
+    for buffer, value in writes:
+        buffer.copy_(value)
+
+
+def _buffer_writes(found: _Found, label: str, buffers: dict, under_select: bool) -> list:
+    """Return ``(buffer, new value)`` for each buffer in ``buffers`` the branch rebound."""
+    writes = []
+    texts = {id(s.module): s.text for s in found.states if isinstance(s, _ModuleState)}
+    for module, name, old in buffers.values():
+        new = _compat.module_buffers(module).get(name, _MISSING)
+        if new is not old:
+            attr = f"{texts.get(id(module), type(module).__name__)}.{name}"
+            check_registry_change(label, attr, "_buffers", old, new, under_select)
+            writes.append((old, new))
+    return writes
 
 
 # What the runner's buffer hook needs (csrc/write_recorder.cpp): torch's hooks, and what
@@ -392,89 +434,6 @@ _WORLD = (_compat.BUFFER_REGISTRATION_HOOKS, _MISSING)
 # What the eager one-call paths in C++ read and call (OneCall in csrc/batching.cpp),
 # passed with each call (api.py adds the eager context).
 ONE_CALL = (_watched, _EVERY_BRANCH, *_WORLD, *_compat.PER_EXAMPLE_STATE)
-
-
-class _Watch:
-    """The state one branch can reach, as it was before the branch ran. ``found`` is
-    the branch's record (``_found``)."""
-
-    def __init__(self, found: _Found, label: str):
-        self.label = label
-        self.found = found
-        self.states = self.found.states
-        # (id(module), name) -> (module, name, the buffer before the branch, or _MISSING)
-        self.buffers: dict[tuple[int, str], tuple[torch.nn.Module, str, Any]] = {}
-        # The states the branch changed, found once it returns (``changed``).
-        self._changed: list | None = None
-
-    def changed(self) -> list:
-        """Return the states that differ from before the branch. Most branches change
-        nothing, and then nothing needs a closer look or putting back."""
-        if self._changed is None:
-            self._changed = [state for state in self.states if state.changed()]
-        return self._changed
-
-    def after(self, failed: bool, under_select: bool) -> None:
-        """Settle what the branch changed once it has run. After a ``failed`` branch (it
-        raised), put it all back. Otherwise write each buffer it assigned, and refuse
-        anything else (``settle``)."""
-        if failed:
-            if self.buffers or not self.found.unchanged():
-                self.restore()
-            return
-        if not self.buffers and self.found.unchanged():
-            return  # Most often, the branch changed nothing that it can reach.
-        for buffer, value in self.settle(under_select):
-            buffer.copy_(value)
-
-    def settle(self, under_select: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Return ``(buffer, new value)`` for each buffer that the branch assigned. Put
-        back everything the branch changed first. Refuse a change that no write carries."""
-        self.found.valid = False  # The next call finds the states anew.
-        changed = self.changed()
-        if not changed and not self.buffers:
-            return []
-        for state in changed:
-            if isinstance(state, _ModuleState):
-                for name in state.rebound_buffers():
-                    self.buffers.setdefault(
-                        (id(state.module), name),
-                        (state.module, name, state.buffers.get(name, _MISSING)),
-                    )
-        writes, error = [], None
-        try:
-            for module, name, old in self.buffers.values():
-                new = _compat.module_buffers(module).get(name, _MISSING)
-                if new is not old:
-                    writes.append(self._buffer_write(module, name, old, new, under_select))
-            for state in changed:
-                state.check(self.label)
-        except BranchMutationError as refused:
-            error = refused
-        self.restore()
-        if error is not None:
-            raise error
-        return writes
-
-    def _buffer_write(self, module, name: str, old, new, under_select: bool):
-        owner = next(
-            (s.text for s in self.states if isinstance(s, _ModuleState) and s.module is module),
-            type(module).__name__,
-        )
-        attr = f"{owner}.{name}"
-        check_registry_change(self.label, attr, "_buffers", old, new, under_select)
-        return old, new
-
-    def restore(self) -> None:
-        self.found.valid = False
-        for module, name, old in self.buffers.values():
-            if old is _MISSING:
-                _compat.module_buffers(module).pop(name, None)
-            else:
-                _compat.module_buffers(module)[name] = old
-        # A state the branch left as it was needs nothing put back.
-        for state in self.changed():
-            state.restore()
 
 
 # A module's own bookkeeping in its __dict__ (hooks, registries, ``training``). It is
