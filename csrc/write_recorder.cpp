@@ -840,6 +840,9 @@ void bind_write_recorder(pybind11::module& m) {
       .def(py::init<std::vector<std::optional<at::Tensor>>, std::vector<bool>>(), py::arg("bases"),
            py::arg("refuse_grad"))
       .def_static("available", &key_available, "Whether observe() can be used in this process.")
+      .def_property_readonly_static(
+          "key", [](const py::object&) { return static_cast<int>(kKey); },
+          "The dispatch key the recorder observes ops on, as a number (Python binds no name for it).")
       .def("rebase", &Recorder::rebase, "The operands of the next branch.")
       .def("before_write", [](Recorder& r, const std::string& op, const at::Tensor& t,
                               bool view) { return as_tuple(r.before_write(op, t, view)); })

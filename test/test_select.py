@@ -1546,3 +1546,74 @@ def test_the_one_call_paths_take_a_call_exactly_where_compat_sees_plain_eager_co
         assert took == plain, f"under {where}: C took the call: {took}; _compat: {plain}"
     if where == "plain":
         assert seen[0][0]
+
+
+# --- other higher-order operators in a branch that runs untaken -------------------------
+
+
+def _with_torch_cond(x):
+    return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos() + 1, (x,))
+
+
+def _checked_inner(x):
+    return torchcond.cond(x.sum() > 0, torch.sin, torch.cos, (x,), check_branches=True)
+
+
+def _doubled(x):
+    return x * 2
+
+
+# torch.cond where a gradient may be taken is refused (the test below).
+_INNER_OPERATORS = [
+    pytest.param(_with_torch_cond, False, id="torch.cond-no_grad"),
+    pytest.param(_checked_inner, False, id="cond-no_grad"),
+    pytest.param(_checked_inner, True, id="cond-grad_mode"),
+]
+
+
+@pytest.mark.parametrize("inner, grad", _INNER_OPERATORS)
+@pytest.mark.parametrize("path", ["select", "per_example"])
+def test_a_higher_order_operator_in_a_branch_that_runs_untaken(path, inner, grad):
+    # While the write recorder observes a branch, its dispatch key is in the thread's
+    # set. torch.cond and a conditional that reaches its operator found no kernel for
+    # that key.
+    x = torch.tensor([[1.0, -2.0, 3.0], [-1.0, -2.0, -3.0]])
+    with torch.set_grad_enabled(grad):
+        if path == "select":
+            for taken in (True, False):
+                got = torchcond.cond(torch.tensor(taken), inner, _doubled, (x,), strategy="select")
+                torch.testing.assert_close(got, inner(x) if taken else _doubled(x))
+        else:
+            preds = torch.tensor([True, False])
+            got = torch.vmap(lambda p, x: torchcond.cond(p, inner, _doubled, (x,)))(preds, x)
+            want = torch.stack([inner(x[0]), _doubled(x[1])])
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["torch.cond", "compiled_function"])
+def test_compiled_code_in_an_untaken_branch_with_a_gradient_is_refused(compiled):
+    # The grad path reads a tensor that needs a gradient through a stand-in that keeps
+    # the other branch's examples out of its gradient, which torch.compile (torch.cond
+    # compiles itself) cannot trace: torch.cond's branches would read w unmasked.
+    w = torch.tensor([0.5, 2.0, -1.0], requires_grad=True)
+    x = torch.tensor([1.0, -2.0, 3.0])
+    scaled = torch.compile(lambda x: x * w, backend="eager", fullgraph=True)
+
+    def reads_w(x):
+        if compiled:
+            return scaled(x)
+        return torch.cond(x.sum() > 0, lambda x: x * w, lambda x: x - w, (x,))
+
+    with pytest.raises(Exception, match=r"calls code that torch\.compile traces"):
+        torchcond.cond(torch.tensor(True), reads_w, _doubled, (x,), strategy="select")
+    with torch.no_grad():  # nothing to mask: the same call runs
+        got = torchcond.cond(torch.tensor(True), reads_w, _doubled, (x,), strategy="select")
+    torch.testing.assert_close(got, x * w.detach())
+
+    # torchcond.cond in its place masks the gradient as the outer branch does.
+    def reads_w_with_cond(x):
+        return torchcond.cond(x.sum() > 0, lambda x: x * w, lambda x: x - w, (x,))
+
+    out = torchcond.cond(torch.tensor(True), reads_w_with_cond, _doubled, (x,), strategy="select")
+    (grad,) = torch.autograd.grad(out.sum(), w)
+    torch.testing.assert_close(grad, x)

@@ -985,6 +985,22 @@ def modules_untracked(mode):
 # (csrc/write_recorder.cpp).
 BUFFER_REGISTRATION_HOOKS = torch.nn.modules.module._global_buffer_registration_hooks
 
+
+def let_higher_order_ops_pass(key_number: int) -> None:
+    """Let every higher-order operator, made now or later, pass over the dispatch key
+    numbered ``key_number`` to the next one, as each passes over PythonTLSSnapshot. The write
+    recorder puts its key in the thread's set while a branch runs
+    (csrc/write_recorder.cpp), where a HOP (torch.cond, flex_attention, a nested
+    conditional) would otherwise find no kernel for it. 2.11-2.15
+    (``_HIGHER_ORDER_OP_DEFAULT_FALLTHROUGH_DISPATCH_KEYS``, ``_higher_order_ops``)."""
+    key = DispatchKey(key_number)  # torch binds no name for the recorder's key
+    defaults = torch._ops._HIGHER_ORDER_OP_DEFAULT_FALLTHROUGH_DISPATCH_KEYS
+    if key not in defaults:
+        defaults.append(key)
+    for op in torch._ops._higher_order_ops.values():
+        op.fallthrough(key)
+
+
 # What the eager per-example cond in C++ reads (csrc/batching.cpp): the forward-AD
 # module with the name of its attribute that is >= 0 while a level is open, and the
 # innermost torch.func level's id, one more than the levels below it (2.11-2.15).

@@ -27,6 +27,7 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
+from ..errors import UnsupportedCondError
 from . import subgraph, tracing
 from .kinds import ConditionalKind, is_conditional_op, pack, unpack
 from .subgraph import getattr_path
@@ -419,6 +420,12 @@ class StandIns(torch.overrides.TorchFunctionMode):
     it, so what they close over is replaced too. ``read_as`` holds pairs ``(t, u)``.
     The branch reads ``t`` as ``u``, one of ``given``. ``t`` is an operand as the caller
     holds it, and ``u`` is the operand as the branch receives it.
+
+    torch.compile may trace code inside the branch: eagerly, ``torch.cond`` compiles
+    itself. What this mode knows of tensors cannot be read in that trace. With
+    ``swaps``, a test of whether ``stand_in`` may replace a tensor that torch.compile
+    can trace, such a call reads every tensor as itself and refuses one that passes
+    the test (``_traced_inside``). Without it, the call is refused.
     """
 
     def __init__(
@@ -427,10 +434,12 @@ class StandIns(torch.overrides.TorchFunctionMode):
         stand_in: Callable[[torch.Tensor], torch.Tensor],
         read_as: Iterable[tuple] = (),
         changing: Callable[[torch.Tensor, str], None] | None = None,
+        swaps: Callable[[torch.Tensor], bool] | None = None,
     ):
         super().__init__()
         self.stand_in = stand_in
         self.changing = changing
+        self.swaps = swaps
         self.kept = _ByIdentity()
         for t in given:
             if isinstance(t, torch.Tensor):
@@ -449,6 +458,8 @@ class StandIns(torch.overrides.TorchFunctionMode):
             self.kept.put(u, u)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _compat.is_dynamo_compiling() and not self.kept.listed:
+            return self._traced_inside(func, args, kwargs or {})
         if getattr(func, "__name__", None) == "__get__":
             # A property (requires_grad, _version) reads no value. Checks inside the
             # branch read such properties from tensors that are not its own, such as
@@ -472,6 +483,26 @@ class StandIns(torch.overrides.TorchFunctionMode):
             if isinstance(value, torch.Tensor) and self.kept.get(value) is None:
                 self.made.put(value, value)
         return out
+
+    def _traced_inside(self, func, args, kwargs):
+        """Call ``func`` as torch.compile traces it inside the branch, where this mode
+        was entered eagerly. Every tensor is read as itself, which is what the mode
+        does with a tensor that ``swaps`` rejects. A tensor that it accepts is refused,
+        and so is a higher-order operator while a gradient may be taken, since the
+        tensors its branches close over never reach this mode."""
+        tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+        operator = isinstance(func, _compat.HigherOrderOperator) and torch.is_grad_enabled()
+        if operator or any(self.swaps is None or self.swaps(t) for t in tensors):
+            raise UnsupportedCondError(
+                "a branch that runs whether or not it is taken (strategy='select', or "
+                "vmap with a per-example predicate) calls code that torch.compile "
+                "traces (torch.cond compiles itself) while a gradient may be taken. "
+                "The branch reads each tensor that needs a gradient through a stand-in "
+                "that keeps the other branch's examples out of the gradient, which "
+                "torch.compile cannot trace. Use torchcond.cond there, or call the "
+                "conditional under torch.no_grad()"
+            )
+        return func(*args, **kwargs)
 
     def _swap(self, value: torch.Tensor) -> torch.Tensor:
         swapped = self.swapped.get(value)

@@ -303,7 +303,7 @@ def _closures_masked(
         if guards(t):
             refuse_autograd_state(label, what, t, None)
 
-    return StandIns(inputs, stand_in, changing=changing)
+    return StandIns(inputs, stand_in, changing=changing, swaps=guards)
 
 
 def _same_outputs(outputs, given, operands) -> dict[int, torch.Tensor]:

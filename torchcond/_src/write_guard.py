@@ -56,6 +56,8 @@ _transforms_active = _compat.transforms_active
 # Whether the recorder's dispatch key is free for it in this process
 # (csrc/write_recorder.cpp). If not, every branch is recorded through _WriteRecorder.
 _OBSERVE = _C.WriteRecorder.available()
+if _OBSERVE:  # A higher-order operator that a branch calls passes over the key.
+    _compat.let_higher_order_ops_pass(_C.WriteRecorder.key)
 # The state watch's part of a guard for _C.run_untaken: none here. A user's branch
 # watches its own state (state.run_branch).
 _NO_WATCH = (None, None, None)
