@@ -187,7 +187,7 @@ PyObject* run_both_and_select(const OneCall& ctx, PyObject* const* args, const a
   py::tuple pair = py::make_tuple(py::handle(args[1]), py::handle(args[2]));
   py::tuple record_pair = py::make_tuple(records[0], records[1]);
   py::object recorder = new_recorder(operands.ptr());
-  const Guard guard{recorder.ptr(), true, nullptr, record_pair.ptr(), ctx.buffer_hooks, ctx.missing};
+  const Guard guard{recorder.ptr(), nullptr, record_pair.ptr(), ctx.buffer_hooks, ctx.missing};
   Handoff handoff = run_untaken(pair.ptr(), operands.ptr(), guard, 0);
   auto hand_on = [&]() { return as_python(std::move(handoff)); };
   if (handoff.stop >= 0) return hand_on();

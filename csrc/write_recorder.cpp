@@ -17,16 +17,13 @@
 // each operand the branch receives (hold()), puts it back after the branch and refuses
 // a change (put_back()).
 //
-// Two sources tell it about ops:
-//   * observe(): a boxed fallback on a dispatch key the recorder puts in this thread's
-//     included set while the branch runs, torch's mechanism for a mode written in C++
-//     (see kKey). It sees the branch's own calls, above autograd and functorch: the op
-//     a user called, before torch decomposes it; the ops an op runs inside are hidden
-//     (the key is excluded while it runs), so a kernel's work costs nothing. A call on
-//     a grad transform's wrapper, which has no storage to classify, is seen again on
-//     what it wraps, one level down.
-//   * before_write() and made() from write_guard.py's dispatch mode, used under tracing
-//     and other dispatch modes.
+// It hears of ops through observe(): a boxed fallback on a dispatch key the recorder
+// puts in this thread's included set while the branch runs, torch's mechanism for a
+// mode written in C++ (see kKey). It sees the branch's own calls, above autograd,
+// functorch and any dispatch mode: the op a user called, before torch decomposes it;
+// the ops an op runs inside are hidden (the key is excluded while it runs), so a
+// kernel's work costs nothing. A call on a grad transform's wrapper, which has no
+// storage to classify, is seen again on what it wraps, one level down.
 #include <ATen/ATen.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -54,8 +51,8 @@ namespace {
 // deferred module initialization, unmaintained and not importable with torch 2), and sits
 // where such a mode belongs: below functorch's front layer and torch's Python TLS snapshot,
 // above autograd. The fallback is registered on first use, only while nothing else is
-// registered on the key (available()); otherwise write_guard.py records with its dispatch
-// mode instead.
+// registered on the key (available()); otherwise write_guard.py refuses to run a branch
+// untaken.
 constexpr c10::DispatchKey kKey = c10::DispatchKey::DeferredInit;
 
 using StorageId = const c10::StorageImpl*;
@@ -670,19 +667,19 @@ PyTypeObject* handoff_type = nullptr;  // made once, when the module loads
 
 // Reads a Guard's tuple (see run_untaken_py); false for anything else.
 bool guard_of(PyObject* tuple, Guard& g) {
-  if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != 6) return false;
+  if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != 5) return false;
   PyObject* const* items = &PyTuple_GET_ITEM(tuple, 0);
   auto given = [](PyObject* item) { return item == Py_None ? nullptr : item; };
-  g = {given(items[0]), items[1] == Py_True, given(items[2]), given(items[3]), given(items[4]), given(items[5])};
+  g = {given(items[0]), given(items[1]), given(items[2]), given(items[3]), given(items[4])};
   return g.records == nullptr || (g.hooks != nullptr && g.missing != nullptr);
 }
 
 // run_untaken(branches, args, guard, start) -> Handoff. `guard` is a tuple (recorder,
-// observe, real, records, hooks, missing) as Guard says, None for a part not wanted.
+// real, records, hooks, missing) as Guard says, None for a part not wanted.
 PyObject* run_untaken_py(PyObject* /*module*/, PyObject* const* a, Py_ssize_t n) {
   Guard guard;
   if (n != 4 || !PyTuple_Check(a[1]) || !guard_of(a[2], guard)) {
-    PyErr_SetString(PyExc_TypeError, "run_untaken(branches, args: tuple, guard: tuple of 6, start: int)");
+    PyErr_SetString(PyExc_TypeError, "run_untaken(branches, args: tuple, guard: tuple of 5, start: int)");
     return nullptr;
   }
   const Py_ssize_t start = PyLong_AsSsize_t(a[3]);
@@ -777,11 +774,11 @@ Handoff run_untaken(PyObject* branches, PyObject* args, const Guard& guard, Py_s
       if (recorder != nullptr) {
         recorder->reset();
         recorder->hold(py::reinterpret_borrow<py::tuple>(args), real);
-        if (guard.observe) observe(*recorder);
+        observe(*recorder);
       }
       out = PyObject_Call(fn.ptr(), args, nullptr);
       if (recorder != nullptr) {
-        if (guard.observe) stop_observing(*recorder);
+        stop_observing(*recorder);
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);  // put_back may run Python code
         kept = recorder->put_back();
@@ -844,14 +841,6 @@ void bind_write_recorder(pybind11::module& m) {
           "key", [](const py::object&) { return static_cast<int>(kKey); },
           "The dispatch key the recorder observes ops on, as a number (Python binds no name for it).")
       .def("rebase", &Recorder::rebase, "The operands of the next branch.")
-      .def("before_write", [](Recorder& r, const std::string& op, const at::Tensor& t,
-                              bool view) { return as_tuple(r.before_write(op, t, view)); })
-      .def("made",
-           [](Recorder& r, const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
-             c10::SmallVector<StorageId, 8> in;
-             for (const auto& i : inputs) in.push_back(storage_of(i));
-             r.made(storage_of(t), in);
-           })
       .def("copy_of", &Recorder::copy_of, "Operand i's copy, whose shape the branch may not change.")
       .def("mark_outside", &Recorder::mark_outside)
       .def("undo", &Recorder::undo)

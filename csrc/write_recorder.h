@@ -54,8 +54,7 @@ int eager_context(const EagerContext& context, const at::Tensor& selector);
 //
 // What guards the branches; a null member is a guard not wanted.
 struct Guard {
-  PyObject* recorder = nullptr;  // a WriteRecorder, reset for each branch
-  bool observe = true;           // it hears ops by its dispatch key; false: the caller's mode tells it
+  PyObject* recorder = nullptr;  // a WriteRecorder, reset for each branch, observing its ops
   PyObject* real = nullptr;      // bools: hold the autograd state of args[i] where real[i]; null: all
   PyObject* records = nullptr;   // per branch, its state record (state._Found), or None
   PyObject* hooks = nullptr;     // torch's buffer registration hooks (an OrderedDict), with records

@@ -1617,3 +1617,13 @@ def test_compiled_code_in_an_untaken_branch_with_a_gradient_is_refused(compiled)
     out = torchcond.cond(torch.tensor(True), reads_w_with_cond, _doubled, (x,), strategy="select")
     (grad,) = torch.autograd.grad(out.sum(), w)
     torch.testing.assert_close(grad, x)
+
+
+def test_a_branch_that_runs_untaken_is_refused_where_the_recorder_key_is_taken(monkeypatch):
+    # Another library may have registered the recorder's dispatch key first.
+    from torchcond._src import write_guard
+
+    monkeypatch.setattr(write_guard, "_KEY_FREE", False)
+    x = torch.tensor([1.0, -2.0])
+    with pytest.raises(torchcond.UnsupportedCondError, match="true_fn runs whether or not"):
+        torchcond.cond(torch.tensor(True), torch.sin, torch.cos, (x,), strategy="select")

@@ -250,7 +250,7 @@ def run_branch(fn: Callable, label: str, operands) -> object:
     if how is None:
         return fn(*operands)
     found = _watched(fn, label)
-    ran = _C.run_untaken((fn,), tuple(operands), (None, False, None, (found,), *_WORLD), 0)
+    ran = _C.run_untaken((fn,), tuple(operands), (None, None, (found,), *_WORLD), 0)
     if ran.stop < 0:
         return ran.outputs[0]
     watch_after(found, label, ran.assigned, ran.error is not None, how == "select")

@@ -18,58 +18,43 @@ which owns the rules), through the runner of branches that run untaken
   operand that shares memory with another or needs a gradient, and memory around an
   operand.
 
-The recorder hears of ops in one of two ways. In plain eager code, a dispatch-key
-fallback in C++ reports them. This is the common case, also under torch.func
-transforms. There a branch that writes nothing pays a fraction of a microsecond per op.
-Under a dispatch mode (tracing, fake tensors, a user's mode) or with tensor subclass
-operands, a dispatch mode pushed for the branch reports the ops. Either way a refused
-write raises before it lands.
+The recorder hears of the branch's ops through a dispatch-key fallback in C++, above
+autograd, torch.func's wrappers and any dispatch mode (tracing, fake tensors, a user's
+mode). A branch that writes nothing pays a fraction of a microsecond per op, and a
+refused write raises before it lands.
 
 A branch may also change an operand through attributes, which no op shows:
 ``requires_grad_()``, ``.grad =``, ``.data =`` and its hooks. The recorder holds that
 state of each operand the branch receives, puts it back after the branch and refuses
 a change.
 
-Under dynamo the branch is traced inline. No dispatch mode can be entered there
-without a graph break, so nothing is recorded. Instead the select path has dynamo
+Under dynamo the branch is traced inline, and nothing is recorded. Instead the select path has dynamo
 speculate the branches as the operator's subgraphs first. It refuses a subgraph that
 writes to anything from outside it (api._select_path).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from .. import _C, _compat
-from ..errors import BranchMutationError
-from .subgraph import written_arguments
+from ..errors import BranchMutationError, UnsupportedCondError
 
 _Tensor = torch.Tensor
-_len_dispatch_stack = _compat.len_dispatch_stack
 _functorch_base = _compat.functorch_base
 _is_dynamo_compiling = _compat.is_dynamo_compiling
 _transforms_active = _compat.transforms_active
 # Whether the recorder's dispatch key is free for it in this process
-# (csrc/write_recorder.cpp). If not, every branch is recorded through _WriteRecorder.
-_OBSERVE = _C.WriteRecorder.available()
-if _OBSERVE:  # A higher-order operator that a branch calls passes over the key.
+# (csrc/write_recorder.cpp). A higher-order operator that a branch calls passes over it.
+_KEY_FREE = _C.WriteRecorder.available()
+if _KEY_FREE:
     _compat.let_higher_order_ops_pass(_C.WriteRecorder.key)
 # The state watch's part of a guard for _C.run_untaken: none here. A user's branch
 # watches its own state (state.run_branch).
 _NO_WATCH = (None, None, None)
-
-
-@functools.cache
-def _effects(op) -> tuple[bool, bool]:
-    """Return whether ``op`` writes to an argument, and whether all its outputs are fresh."""
-    schema = _compat.schema_of(op)
-    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-    fresh = all(r.alias_info is None for r in schema.returns)
-    return writes, fresh
 
 
 # The message for each reason why the recorder refuses a write, by the name that
@@ -157,11 +142,6 @@ class BranchWrites:
             return operands
         return [_functorch_base(t) if isinstance(t, _Tensor) else None for t in operands]
 
-    def _observing(self, inputs) -> bool:
-        """True when the recorder's dispatch key can see this branch's ops. This is the
-        common case. Otherwise ``_WriteRecorder`` reports them."""
-        return _OBSERVE and not _len_dispatch_stack() and _C.plain_tensors(inputs, True)
-
     def stand_in(self, t: torch.Tensor) -> None:
         """Mark ``t`` as read in place of a tensor from outside the branch. The branch
         made ``t``, but a write to it is a write to the outside."""
@@ -177,16 +157,21 @@ class BranchWrites:
         if not self._records:
             return _within(context, branch, inputs)
         if self._recorder is None:
+            if not _KEY_FREE:
+                raise UnsupportedCondError(
+                    f"{label} runs whether or not it is taken, and torchcond records its "
+                    "writes through a dispatch key (DeferredInit) that another library "
+                    "registered in this process first; pick the branch on the host "
+                    "(strategy='auto' with a predicate the host can read)"
+                )
             self._recorder = _C.WriteRecorder(self._bases(inputs), self._refuse)
         elif inputs is not self._inputs:
             self._recorder.rebase(self._bases(inputs))
         self._inputs = inputs
         # The runner holds the autograd state of the operands the branch receives.
         real = [a is o for a, o in zip(inputs, self._operands)]
-        observing = self._observing(inputs)
-        context = context if observing else (*context, _WriteRecorder(self))
         fn = (lambda *args: _within(context, branch, args)) if context else branch
-        ran = _C.run_untaken((fn,), tuple(inputs), (self.recorder, observing, real, *_NO_WATCH), 0)
+        ran = _C.run_untaken((fn,), tuple(inputs), (self.recorder, real, *_NO_WATCH), 0)
         if ran.stop < 0:
             self._wrote = False
             return tuple(ran.outputs[0])
@@ -379,36 +364,6 @@ def _within(context, fn, args, result=tuple):
         return result(fn(*args))
     with context[0]:
         return _within(context[1:], fn, args, result)
-
-
-class _WriteRecorder(_compat.TorchDispatchMode):
-    """Tells the recorder of every op the branch runs, so that a refused write raises
-    before it lands. BranchWrites.run uses this under other dispatch modes."""
-
-    def __init__(self, writes: BranchWrites):
-        super().__init__()
-        self.writes = writes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        writes, fresh = _effects(func)
-        recorder = self.writes.recorder
-        if writes:
-            for value in written_arguments(func, args, kwargs):
-                if isinstance(value, torch.Tensor):
-                    view = torch.Tag.inplace_view in func.tags
-                    refusal = recorder.before_write(str(func), value, view)
-                    if refusal is not None:
-                        raise self.writes.refused(*refusal)
-        out = func(*args, **kwargs)
-        if fresh:
-            inputs = [
-                t for t in _compat.pytree.tree_leaves((args, kwargs)) if isinstance(t, _Tensor)
-            ]
-            for leaf in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(leaf, torch.Tensor):
-                    recorder.made(leaf, inputs)
-        return out
 
 
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
