@@ -309,11 +309,7 @@ PyMethodDef kMethods[] = {
 }  // namespace
 
 void bind_batching(pybind11::module& m) {
-  for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
-    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
-    if (fn == nullptr) throw pybind11::error_already_set();
-    m.add_object(def->ml_name, pybind11::reinterpret_steal<pybind11::object>(fn));
-  }
+  add_functions(m, kMethods);
   m.def(
       "batch_first",
       [](const std::vector<std::optional<at::Tensor>>& values, int64_t level, const c10::SymInt& size) {

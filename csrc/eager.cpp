@@ -243,11 +243,7 @@ bool eager_context_of(PyObject* tuple, EagerContext& out) {
 int eager_context(const EagerContext& context, const at::Tensor& selector) { return plain_context(context, selector); }
 
 void bind_eager(pybind11::module& m) {
-  for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
-    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
-    if (fn == nullptr) throw pybind11::error_already_set();
-    m.add_object(def->ml_name, pybind11::reinterpret_steal<pybind11::object>(fn));
-  }
+  add_functions(m, kMethods);
 }
 
 }  // namespace torchcond

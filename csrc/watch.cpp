@@ -242,11 +242,7 @@ void bind_watch(pybind11::module& m) {
                                                 {"type", kType}, {"tensor", kTensor}};
   for (const auto& [name, kind] : named) kinds[name] = static_cast<long>(kind);
   m.attr("WATCH_PROBES") = kinds;
-  for (PyMethodDef* def = kMethods; def->ml_name != nullptr; ++def) {
-    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
-    if (fn == nullptr) throw pybind11::error_already_set();
-    m.add_object(def->ml_name, pybind11::reinterpret_steal<pybind11::object>(fn));
-  }
+  add_functions(m, kMethods);
 }
 
 }  // namespace torchcond

@@ -611,49 +611,31 @@ PyMethodDef kNoteAssigned = {"note_assigned", reinterpret_cast<PyCFunction>(rein
 // them, changed only through its own methods.
 class OnlyHook {
  public:
-  OnlyHook(PyObject* hooks, PyObject* missing, PyObject* assigned) : hooks_(hooks) {
+  OnlyHook(PyObject* hooks, PyObject* missing, PyObject* assigned)
+      : hooks_(pybind11::reinterpret_borrow<pybind11::object>(hooks)), key_(pybind11::int_(-1)) {
     if (PyObject_Size(hooks) > 0) {
-      saved_ = PyObject_CallMethod(hooks, "copy", nullptr);
-      if (saved_ == nullptr || !call(hooks, "clear")) return;
+      saved_ = hooks_.attr("copy")();
+      hooks_.attr("clear")();
     }
-    PyObject* bound = PyTuple_Pack(2, assigned, missing);
-    hook_ = bound != nullptr ? PyCFunction_New(&kNoteAssigned, bound) : nullptr;
-    Py_XDECREF(bound);
-    key_ = PyLong_FromLong(-1);
-    ok_ = hook_ != nullptr && key_ != nullptr && PyObject_SetItem(hooks_, key_, hook_) == 0;
+    pybind11::tuple bound = pybind11::make_tuple(pybind11::handle(assigned), pybind11::handle(missing));
+    pybind11::object hook = pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&kNoteAssigned, bound.ptr()));
+    if (!hook || PyObject_SetItem(hooks, key_.ptr(), hook.ptr()) < 0) throw pybind11::error_already_set();
   }
   ~OnlyHook() {
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);  // the branch's error, if it raised
-    if (ok_ && PyObject_DelItem(hooks_, key_) < 0) PyErr_Clear();
-    if (saved_ != nullptr) {  // torch's hooks first, then any the branch added
-      PyObject* added = PyObject_CallMethod(hooks_, "copy", nullptr);
-      if (added == nullptr || !call(hooks_, "clear") || !call(hooks_, "update", saved_) ||
-          !call(hooks_, "update", added)) {
-        PyErr_Clear();
-      }
-      Py_XDECREF(added);
-      Py_DECREF(saved_);
+    pybind11::error_scope branch_error;  // what the branch raised, if it did
+    if (PyObject_DelItem(hooks_.ptr(), key_.ptr()) < 0) PyErr_Clear();
+    if (!saved_) return;
+    try {  // torch's hooks first, then any the branch added
+      pybind11::object added = hooks_.attr("copy")();
+      hooks_.attr("clear")();
+      hooks_.attr("update")(saved_);
+      hooks_.attr("update")(added);
+    } catch (pybind11::error_already_set&) {
     }
-    Py_XDECREF(hook_);
-    Py_XDECREF(key_);
-    PyErr_Restore(type, value, traceback);
   }
-  bool ok() const { return ok_; }
 
  private:
-  static bool call(PyObject* object, const char* method, PyObject* arg = nullptr) {
-    PyObject* result = arg != nullptr ? PyObject_CallMethod(object, method, "O", arg)
-                                      : PyObject_CallMethod(object, method, nullptr);
-    Py_XDECREF(result);
-    return result != nullptr;
-  }
-
-  PyObject* hooks_;
-  PyObject* saved_ = nullptr;
-  PyObject* hook_ = nullptr;
-  PyObject* key_ = nullptr;
-  bool ok_ = false;
+  pybind11::object hooks_, key_, saved_;
 };
 
 // torchcond._C.Handoff: a Handoff as Python sees it, a named tuple. A tuple, so that the
@@ -767,10 +749,7 @@ Handoff run_untaken(PyObject* branches, PyObject* args, const Guard& guard, Py_s
     bool kept = true;
     {
       std::optional<OnlyHook> hooked;
-      if (!record.is_none()) {
-        hooked.emplace(guard.hooks, guard.missing, assigned.ptr());
-        if (!hooked->ok()) throw py::error_already_set();
-      }
+      if (!record.is_none()) hooked.emplace(guard.hooks, guard.missing, assigned.ptr());
       if (recorder != nullptr) {
         recorder->reset();
         recorder->hold(py::reinterpret_borrow<py::tuple>(args), real);
@@ -855,11 +834,7 @@ void bind_write_recorder(pybind11::module& m) {
   why["metadata"] = static_cast<int64_t>(kMetadata);
   why["autograd_state"] = static_cast<int64_t>(kAutogradState);
   m.attr("WRITE_REFUSALS") = why;
-  for (PyMethodDef* def = kRecorderMethods; def->ml_name != nullptr; ++def) {
-    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
-    if (fn == nullptr) throw py::error_already_set();
-    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
-  }
+  add_functions(m, kRecorderMethods);
 }
 
 }  // namespace torchcond

@@ -14,6 +14,16 @@ void bind_eager(pybind11::module& m);
 // torchcond._C.watch_snapshot and watch_same (watch.cpp).
 void bind_watch(pybind11::module& m);
 
+// Adds each function of `defs` (ended by an entry with no name) to `m`, where a
+// function takes METH_FASTCALL arguments instead of pybind11's conversions.
+inline void add_functions(pybind11::module& m, PyMethodDef* defs) {
+  for (PyMethodDef* def = defs; def->ml_name != nullptr; ++def) {
+    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
+    if (fn == nullptr) throw pybind11::error_already_set();
+    m.add_object(def->ml_name, pybind11::reinterpret_steal<pybind11::object>(fn));
+  }
+}
+
 // What the vmap rule's C++ (batching.cpp) shares with the files above.
 
 // 1 for True, 0 for anything else, -1 for nullptr (a Python error set). Takes the

@@ -1604,7 +1604,9 @@ def test_compiled_code_in_an_untaken_branch_with_a_gradient_is_refused(compiled)
             return scaled(x)
         return torch.cond(x.sum() > 0, lambda x: x * w, lambda x: x - w, (x,))
 
-    with pytest.raises(Exception, match=r"calls code that torch\.compile traces"):
+    with pytest.raises(
+        torchcond.UnsupportedCondError, match=r"calls code that torch\.compile traces"
+    ):
         torchcond.cond(torch.tensor(True), reads_w, _doubled, (x,), strategy="select")
     with torch.no_grad():  # nothing to mask: the same call runs
         got = torchcond.cond(torch.tensor(True), reads_w, _doubled, (x,), strategy="select")

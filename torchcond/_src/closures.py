@@ -27,6 +27,7 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
+from .._compat.dynamo import raise_at_compile_time
 from ..errors import UnsupportedCondError
 from . import subgraph, tracing
 from .kinds import ConditionalKind, is_conditional_op, pack, unpack
@@ -493,14 +494,15 @@ class StandIns(torch.overrides.TorchFunctionMode):
         tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
         operator = isinstance(func, _compat.HigherOrderOperator) and torch.is_grad_enabled()
         if operator or any(self.swaps is None or self.swaps(t) for t in tensors):
-            raise UnsupportedCondError(
+            raise_at_compile_time(
+                UnsupportedCondError,
                 "a branch that runs whether or not it is taken (strategy='select', or "
                 "vmap with a per-example predicate) calls code that torch.compile "
                 "traces (torch.cond compiles itself) while a gradient may be taken. "
                 "The branch reads each tensor that needs a gradient through a stand-in "
                 "that keeps the other branch's examples out of the gradient, which "
                 "torch.compile cannot trace. Use torchcond.cond there, or call the "
-                "conditional under torch.no_grad()"
+                "conditional under torch.no_grad()",
             )
         return func(*args, **kwargs)
 

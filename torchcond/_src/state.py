@@ -586,28 +586,31 @@ class _ModuleState(_ObjectState):
 
 
 class _VariableState:
-    """A variable that a branch's code closes over (a cell) or names as a global, and
-    the contents of the list, dict or set it holds."""
+    """A variable that a branch's code closes over or names as a global, and the
+    contents of the list, dict or set it holds. ``where`` is the probe that reads it:
+    ``(_CELL, cell)`` or ``(_ITEM, globals, name)``."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, text: str, where: tuple):
+        self.text, self.where = text, where
         self.value = self.get()
         self.contents = self.value.copy() if isinstance(self.value, _CONTAINERS) else None
 
     def get(self):
-        raise NotImplementedError
+        kind, holder, *name = self.where
+        return holder.cell_contents if kind == _CELL else holder[name[0]]
+
+    def put(self, value) -> None:
+        kind, holder, *name = self.where
+        if kind == _CELL:
+            holder.cell_contents = value
+        else:
+            holder[name[0]] = value
 
     def probe(self, probes: list) -> None:
         """Add the probes of what ``changed`` compares (``_Found``)."""
-        probes.append(self._probe())
+        probes.append(self.where)
         if self.contents is not None:
             probes.append(_contents_probe(self.value))
-
-    def _probe(self) -> tuple:
-        raise NotImplementedError
-
-    def put(self, value) -> None:
-        raise NotImplementedError
 
     def changed(self) -> bool:
         try:
@@ -630,23 +633,6 @@ class _VariableState:
             self.put(self.value)
         if self.contents is not None and not _same_contents(self.value, self.contents):
             _put_back(self.value, self.contents)
-
-
-class _CellState(_VariableState):
-    """A variable that a branch closes over."""
-
-    def __init__(self, text: str, cell):
-        self.cell = cell
-        super().__init__(text)
-
-    def get(self):
-        return self.cell.cell_contents
-
-    def _probe(self) -> tuple:
-        return (_CELL, self.cell)
-
-    def put(self, value) -> None:
-        self.cell.cell_contents = value
 
 
 class _TensorState:
@@ -673,23 +659,6 @@ class _TensorState:
 
     def restore(self) -> None:
         self.hold.put_back()
-
-
-class _GlobalState(_VariableState):
-    """A global that a branch's code names."""
-
-    def __init__(self, text: str, namespace: dict):
-        self.namespace = namespace
-        super().__init__(text)
-
-    def get(self):
-        return self.namespace[self.text]
-
-    def _probe(self) -> tuple:
-        return (_ITEM, self.namespace, self.text)
-
-    def put(self, value) -> None:
-        self.namespace[self.text] = value
 
 
 _LIBRARIES = frozenset(("torch", "torchcond", "functools", "builtins", "typing", "contextlib"))
@@ -834,7 +803,7 @@ class _Finder:
                 probes.append((_CELL, cell))
                 continue
             if user:
-                self.add(_CellState(name, cell))
+                self.add(_VariableState(name, (_CELL, cell)))
             else:
                 probes.append((_CELL, cell))
             self.visit(contents, name, depth + 1)
@@ -845,7 +814,7 @@ class _Finder:
         namespace = f.__globals__
         for name in _global_names(code):
             if name in namespace and not isinstance(namespace[name], types.ModuleType):
-                self.add(_GlobalState(name, namespace))
+                self.add(_VariableState(name, (_ITEM, namespace, name)))
                 self.visit(namespace[name], name, depth + 1)
             else:  # An absent name or a module is only read.
                 probes.append((_ITEM, namespace, name))

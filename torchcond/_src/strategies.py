@@ -28,6 +28,7 @@ over (read through ``closures.StandIns``), where they need a gradient.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple, get_args
 
@@ -167,42 +168,24 @@ def run_every_branch(
             if which is None and not _compat.is_dynamo_compiling():
                 if any(isinstance(t, torch.Tensor) and shares_storage(first, t) for t in operands):
                     first = first.clone()
-            masks = [_Mask(first, which, k) for k in range(n)]
-            runs = _MaskedRuns(writes, operands, guarded, guards, grad_mode)
-            outputs, values, given = runs.run(branches, labels, masks)
+            # Each branch reads its operands masked to the examples that take it, and
+            # writes its own copies of them (BranchWrites.run_owning).
+            outputs, values, given = [], [], []
+            for k, (branch, label) in enumerate(zip(branches, labels)):
+                mask = _Mask(first, which, k)
+                inputs = _masked(mask(), operands, guarded) if guarded else operands
+                reads = functools.partial(
+                    _closures_masked, mask, inputs, writes, guards, grad_mode, label
+                )
+                outs, new_values = writes.run_owning(label, branch, inputs, reads)
+                outputs.append(outs)
+                values.append(new_values)
+                given.append(inputs)
         else:  # every branch reads the operands themselves
             outputs, values = writes.run_all(labels, branches, operands)
             given = None
     check_agreement(outputs, labels, selected=True)
     return _every_branch(which, first, outputs, values, given, operands)
-
-
-class _MaskedRuns:
-    """Runs every branch on operands masked to the examples that take it. Each branch
-    writes to its own copies (``BranchWrites.run_owning``)."""
-
-    def __init__(self, writes: BranchWrites, operands, guarded, guards, grad_mode: bool):
-        self.writes, self.operands, self.guarded = writes, operands, guarded
-        self.guards, self.grad_mode = guards, grad_mode
-
-    def run(self, branches, labels, masks) -> tuple[list, list, list]:
-        """Return, per branch, its outputs, the operand values it wrote, and its inputs."""
-        outputs, values, given = [], [], []
-        for branch, label, mask in zip(branches, labels, masks):
-            inputs = _masked(mask(), self.operands, self.guarded) if self.guarded else self.operands
-            outs, new_values = self.writes.run_owning(
-                label,
-                branch,
-                inputs,
-                lambda: self._closures(mask, inputs, label),  # noqa: B023
-            )
-            outputs.append(outs)
-            values.append(new_values)
-            given.append(inputs)
-        return outputs, values, given
-
-    def _closures(self, mask, inputs, label: str):
-        return _closures_masked(mask, inputs, self.writes, self.guards, self.grad_mode, label)
 
 
 def _every_branch(which, first, outputs, values, given, operands) -> EveryBranch:
