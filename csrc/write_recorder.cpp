@@ -613,19 +613,30 @@ class OnlyHook {
  public:
   OnlyHook(PyObject* hooks, PyObject* missing, PyObject* assigned)
       : hooks_(pybind11::reinterpret_borrow<pybind11::object>(hooks)), key_(pybind11::int_(-1)) {
+    pybind11::tuple bound = pybind11::make_tuple(pybind11::handle(assigned), pybind11::handle(missing));
+    pybind11::object hook = pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&kNoteAssigned, bound.ptr()));
+    if (!hook) throw pybind11::error_already_set();
     if (PyObject_Size(hooks) > 0) {
       saved_ = hooks_.attr("copy")();
       hooks_.attr("clear")();
     }
-    pybind11::tuple bound = pybind11::make_tuple(pybind11::handle(assigned), pybind11::handle(missing));
-    pybind11::object hook = pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&kNoteAssigned, bound.ptr()));
-    if (!hook || PyObject_SetItem(hooks, key_.ptr(), hook.ptr()) < 0) throw pybind11::error_already_set();
+    if (PyObject_SetItem(hooks, key_.ptr(), hook.ptr()) < 0) {
+      pybind11::error_already_set failed;
+      put_back();  // torch's hooks are never left out
+      throw failed;
+    }
   }
   ~OnlyHook() {
     pybind11::error_scope branch_error;  // what the branch raised, if it did
+    put_back();
+  }
+
+ private:
+  // Removes note_assigned, and gives back torch's hooks first, then any the branch added.
+  void put_back() {
     if (PyObject_DelItem(hooks_.ptr(), key_.ptr()) < 0) PyErr_Clear();
     if (!saved_) return;
-    try {  // torch's hooks first, then any the branch added
+    try {
       pybind11::object added = hooks_.attr("copy")();
       hooks_.attr("clear")();
       hooks_.attr("update")(saved_);
@@ -634,7 +645,6 @@ class OnlyHook {
     }
   }
 
- private:
   pybind11::object hooks_, key_, saved_;
 };
 

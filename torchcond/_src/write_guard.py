@@ -28,9 +28,9 @@ A branch may also change an operand through attributes, which no op shows:
 state of each operand the branch receives, puts it back after the branch and refuses
 a change.
 
-Under dynamo the branch is traced inline, and nothing is recorded. Instead the select path has dynamo
-speculate the branches as the operator's subgraphs first. It refuses a subgraph that
-writes to anything from outside it (api._select_path).
+Under dynamo the branch is traced inline, and nothing is recorded. Instead the select
+path has dynamo speculate the branches as the operator's subgraphs first. It refuses a
+subgraph that writes to anything from outside it (api._select_path).
 """
 
 from __future__ import annotations
