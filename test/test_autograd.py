@@ -1,5 +1,6 @@
 """Differentiation of cond/switch: eager (a Python `if`), torch.func, and traced graphs."""
 
+import contextlib
 import functools
 import sys
 
@@ -490,6 +491,23 @@ def test_meta_tensors_differentiate_without_a_tracer():
     out.sum().backward()
     assert x.grad.shape == (4, 3) and x.grad.device.type == "meta"
     assert lin.weight.grad.shape == (2, 3)  # a closure, found by running the branches
+
+
+@pytest.mark.parametrize("where", ["meta", "fake"])
+def test_a_closure_read_only_in_a_nested_conditional_differentiates_without_a_tracer(where):
+    # The outer conditional's run of its branches finds the closure inside the inner
+    # one, as torch.cond (which compiles itself) finds it.
+    fake = torch._subclasses.fake_tensor.FakeTensorMode() if where == "fake" else None
+    device = "meta" if where == "meta" else "cpu"
+    with fake or contextlib.nullcontext():
+        w = torch.ones(3, device=device, requires_grad=True)
+        x = torch.ones(3, device=device)
+
+        def outer(x):
+            return cond(x.sum() > 0, lambda x: x * w, lambda x: x - w, (x,))
+
+        cond(x.sum() > 0, outer, lambda x: x + 1, (x,)).sum().backward()
+        assert w.grad is not None and w.grad.shape == (3,)
 
 
 def test_checkpoint_around_a_cond_traces_and_matches_eager():

@@ -498,6 +498,38 @@ CHANGED_BETWEEN_CALLS = {
 }
 
 
+DELETED = [1.0]
+
+
+@pytest.mark.parametrize("strategy", ["select", "trace"])
+@pytest.mark.parametrize("what", ["global", "closure"])
+def test_a_variable_deleted_by_a_branch_is_refused_and_put_back(what, strategy):
+    """A branch that deletes a global it names, or a variable it closes over, is refused
+    by name, and the variable is there again afterwards."""
+    held = [2.0]
+
+    def true_fn(x):
+        nonlocal held
+        global DELETED
+        if what == "global":
+            y = x + DELETED[0]
+            del DELETED
+        else:
+            y = x + held[0]
+            del held
+        return y
+
+    def call(x):
+        how = "select" if strategy == "select" else "auto"
+        return cond(x.sum() > 0, true_fn, lambda x: x - 1, (x,), strategy=how)
+
+    x = torch.ones(2)
+    name = "DELETED" if what == "global" else "held"
+    with pytest.raises(BranchMutationError, match=f"true_fn deletes {name}: "):
+        call(x) if strategy == "select" else make_fx(call)(x)
+    assert DELETED == [1.0] and held == [2.0]
+
+
 @pytest.mark.parametrize("how", ["select", "vmap"])
 @pytest.mark.parametrize("change", list(CHANGED_BETWEEN_CALLS))
 def test_state_a_branch_reaches_is_found_anew_on_every_call(change, how, monkeypatch):

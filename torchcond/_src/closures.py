@@ -6,14 +6,13 @@ rule runs.
 
 Inside a make_fx session, tracing lifts the closures (``tracing.trace_branches``).
 Without a tracer, as in AOTAutograd's metadata pass over fake tensors, each branch
-runs once, and every tensor handed to a torch function is recorded. A tensor that
-the branch neither received nor produced, and that requires grad, is a closure that
-autograd must see. ``bind`` then makes it an explicit input. At every torch function
-call, the branch gets the passed-in value in place of each such tensor.
+runs once under ``StandIns``, which hears of every tensor the branch reads without
+receiving or making it, in the conditionals it calls too. One that requires grad is a
+closure that autograd must see. ``bind`` then makes it an explicit input, which the
+branch reads through ``StandIns`` in the closure's place.
 
-Where every branch runs (strategies.py), a branch's closures are found as it runs.
-Under ``StandIns`` it reads a stand-in in place of each closure, made at the first
-read.
+Where every branch runs (strategies.py), a branch reads a stand-in in place of each
+closure, made at the first read, through ``StandIns`` too.
 """
 
 from __future__ import annotations
@@ -340,60 +339,43 @@ def closure_free(branch) -> bool:
     return True
 
 
-class _Recorder(torch.overrides.TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.read: dict[int, torch.Tensor] = {}
-        self.made: set[int] = set()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        for value in pytree.tree_leaves((args, kwargs)):
-            if isinstance(value, torch.Tensor) and id(value) not in self.made:
-                self.read.setdefault(id(value), value)
-        out = func(*args, **(kwargs or {}))
-        for value in pytree.tree_leaves(out):
-            if isinstance(value, torch.Tensor):
-                self.made.add(id(value))
-        return out
-
-
 def grad_closures(
     branches: Sequence[Callable], operands: tuple, labels: Sequence[str], facts: Sequence
 ) -> list[torch.Tensor]:
-    """Return the tensors that some branch reads without receiving, and that require grad.
-    Each branch runs assuming its ``facts`` (``tracing.trace_branches``)."""
-    recorder = _Recorder()
+    """Return the tensors that some branch reads without receiving, and that require grad,
+    in order of first read. Each branch runs assuming its ``facts``
+    (``tracing.trace_branches``). Conditionals it calls count as its own code."""
+    found: dict[int, torch.Tensor] = {}  # Holding each tensor keeps its id unique.
+
+    def note(t: torch.Tensor) -> torch.Tensor:
+        if t.requires_grad:
+            found.setdefault(id(t), t)
+        return t
+
     env = getattr(_compat.fake_mode_of(operands), "shape_env", None)
-    with torch.no_grad(), recorder:
+    with torch.no_grad():
         for branch, label, f in zip(branches, labels, facts):
             with _compat.assuming(env, f, label) as assumed:
-                branch(*assumed.specialized(operands))
-    given = {id(t) for t in operands}
-    return [t for key, t in recorder.read.items() if key not in given and t.requires_grad]
-
-
-class _Substitute(torch.overrides.TorchFunctionMode):
-    def __init__(self, replacements: dict[int, torch.Tensor]):
-        super().__init__()
-        self.replacements = replacements
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        def swap(value):
-            return self.replacements.get(id(value), value)
-
-        args, kwargs = pytree.tree_map_only(torch.Tensor, swap, (args, kwargs or {}))
-        return func(*args, **kwargs)
+                args = assumed.specialized(operands)
+                with StandIns(args, note):
+                    branch(*args)
+    return list(found.values())
 
 
 def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) -> Callable:
-    """Wrap ``branch`` to take ``(*operands, *closure_values)``."""
+    """Wrap ``branch`` to take ``(*operands, *closure_values)``. It reads each value where
+    it reads its closure, in conditionals it calls too."""
 
     def bound(*args):
-        values = args[n_operands:]
-        with _Substitute({id(c): v for c, v in zip(closures, values)}):
-            return branch(*args[:n_operands])
+        operands = args[:n_operands]
+        with StandIns(operands, _as_itself, read_as=zip(closures, args[n_operands:])):
+            return branch(*operands)
 
     return bound
+
+
+def _as_itself(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 # What changes a tensor's autograd state, which no op carries, named as the refusal

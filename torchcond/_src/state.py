@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import operator
 import sys
 import types
 import weakref
@@ -191,9 +190,9 @@ def refuse_python_state(label: str, what: str | None, kind: str) -> NoReturn:
 
 def refuse_deletion(label: str, attr: str) -> NoReturn:
     raise BranchMutationError(
-        f"{label} deletes {attr}: {_REPLAY}, so it cannot delete attributes as only the "
-        f"taken branch would. Return a value from the branch and delete {attr} after "
-        "the call"
+        f"{label} deletes {attr}: {_REPLAY}, so it cannot delete attributes or variables "
+        f"as only the taken branch would. Return a value from the branch and delete {attr} "
+        "after the call"
     )
 
 
@@ -388,8 +387,8 @@ def watch_after(
     if not buffers and found.unchanged():
         return  # Most often, the branch changed nothing that it can reach.
     found.valid = False  # The next call finds the states anew.
-    changed = [state for state in found.states if state.changed()]
-    for state in changed:
+    states = found.states  # Each compares its own part; one left as it was passes.
+    for state in states:
         if isinstance(state, _ModuleState):
             for name in state.rebound_buffers():
                 old = state.buffers.get(name, _MISSING)
@@ -398,7 +397,7 @@ def watch_after(
     if not failed:
         try:
             writes = _buffer_writes(found, label, buffers, under_select)
-            for state in changed:
+            for state in states:
                 state.check(label)
         except BranchMutationError as refused:
             error = refused
@@ -407,7 +406,7 @@ def watch_after(
             _compat.module_buffers(module).pop(name, None)
         else:
             _compat.module_buffers(module)[name] = old
-    for state in changed:  # A state the branch left as it was needs nothing put back.
+    for state in states:
         state.restore()
     if error is not None:
         raise error
@@ -451,12 +450,6 @@ def _same_contents(value, before) -> bool:
     return len(value) == len(before) and all(v in before for v in value)
 
 
-def _same_mapping(now: dict, before: dict) -> bool:
-    """True for the same keys in the same order, bound to the same objects. This fast
-    test is never wrong when it says the same. A reordering merely reads as changed."""
-    return tuple(now) == tuple(before) and all(map(operator.is_, now.values(), before.values()))
-
-
 def _put_back(value, before) -> None:
     if isinstance(value, list):
         value[:] = before
@@ -472,15 +465,11 @@ class _ObjectState:
     def __init__(self, text: str, obj):
         self.text = text
         self.obj = obj
-        everything = vars(obj)
-        # All names in ``vars``, bookkeeping included. While they stay the same, so do
-        # the watched names, and ``changed`` only compares values.
-        self.names = tuple(everything)
-        self.attrs = {k: everything[k] for k in self._watched_names(self.names)}
+        self.attrs = self._now()
         self.contents = {k: v.copy() for k, v in self.attrs.items() if isinstance(v, _CONTAINERS)}
 
     def probe(self, probes: list) -> None:
-        """Add the probes of what ``changed`` compares (``_Found``)."""
+        """Add the probes of what ``check`` compares (``_Found``)."""
         probes.append((_DICT, vars(self.obj)))
         probes.extend(_contents_probe(self.attrs[k]) for k in self.contents)
 
@@ -490,15 +479,6 @@ class _ObjectState:
     def _now(self) -> dict:
         everything = vars(self.obj)
         return {k: everything[k] for k in self._watched_names(tuple(everything))}
-
-    def changed(self) -> bool:
-        """True when anything that ``check`` or ``restore`` looks at may differ."""
-        now = vars(self.obj)
-        return (
-            tuple(now) != self.names
-            or not all([now[k] is v for k, v in self.attrs.items()])
-            or not all([_same_contents(self.attrs[k], c) for k, c in self.contents.items()])
-        )
 
     def check(self, label: str) -> None:
         now = self._now()
@@ -551,15 +531,6 @@ class _ModuleState(_ObjectState):
     def _watched_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
         return _module_attributes(names, self._builtin)
 
-    def changed(self) -> bool:
-        module, before = self.module, self.registries
-        return (
-            super().changed()
-            or not _same_mapping(_compat.module_parameters(module), before["_parameters"])
-            or not _same_mapping(_compat.module_buffers(module), before["_buffers"])
-            or not _same_mapping(_compat.module_children(module), before["_modules"])
-        )
-
     def rebound_buffers(self) -> list[str]:
         now = _compat.module_buffers(self.module)
         names = [*self.buffers, *(k for k in now if k not in self.buffers)]
@@ -596,8 +567,12 @@ class _VariableState:
         self.contents = self.value.copy() if isinstance(self.value, _CONTAINERS) else None
 
     def get(self):
+        """Return the value, or ``_MISSING`` for a deleted global or an emptied cell."""
         kind, holder, *name = self.where
-        return holder.cell_contents if kind == _CELL else holder[name[0]]
+        try:
+            return holder.cell_contents if kind == _CELL else holder[name[0]]
+        except (KeyError, ValueError):
+            return _MISSING
 
     def put(self, value) -> None:
         kind, holder, *name = self.where
@@ -607,22 +582,15 @@ class _VariableState:
             holder[name[0]] = value
 
     def probe(self, probes: list) -> None:
-        """Add the probes of what ``changed`` compares (``_Found``)."""
+        """Add the probes of what ``check`` compares (``_Found``)."""
         probes.append(self.where)
         if self.contents is not None:
             probes.append(_contents_probe(self.value))
 
-    def changed(self) -> bool:
-        try:
-            value = self.get()
-        except (KeyError, ValueError):  # A deleted global or an emptied cell.
-            return True
-        return value is not self.value or (
-            self.contents is not None and not _same_contents(value, self.contents)
-        )
-
     def check(self, label: str) -> None:
         value = self.get()
+        if value is _MISSING:
+            refuse_deletion(label, self.text)
         if value is not self.value:
             refuse_variable(label, self.text, value)
         if self.contents is not None and not _same_contents(value, self.contents):
@@ -648,9 +616,6 @@ class _TensorState:
     def probe(self, probes: list) -> None:
         self.index = len(probes)
         probes.append((_TENSOR, self.tensor))
-
-    def changed(self) -> bool:
-        return self.hold.changed() is not None
 
     def check(self, label: str) -> None:
         what = self.hold.changed()

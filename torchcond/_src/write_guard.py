@@ -148,14 +148,15 @@ class BranchWrites:
         if self._recorder is not None:
             self._recorder.mark_outside(t)
 
-    def run(self, label: str, branch: Callable, inputs: Sequence, *context) -> tuple:
-        """Return ``tuple(branch(*inputs))`` with its writes recorded, under the context
-        managers ``context``. ``inputs`` are the operands as this branch reads them,
-        either stand-ins or the operands themselves. Raise ``BranchMutationError`` for a
-        refused write. After any error, the operands are as they were."""
+    def run(self, label: str, branch: Callable, inputs: Sequence, mode=None) -> tuple:
+        """Return ``tuple(branch(*inputs))`` with its writes recorded, under ``mode`` if
+        given. ``inputs`` are the operands as this branch reads them, either stand-ins
+        or the operands themselves. Raise ``BranchMutationError`` for a refused write.
+        After any error, the operands are as they were."""
         self.label = label
+        fn = branch if mode is None else _under(mode, branch)
         if not self._records:
-            return _within(context, branch, inputs)
+            return tuple(fn(*inputs))
         if self._recorder is None:
             if not _KEY_FREE:
                 raise UnsupportedCondError(
@@ -170,7 +171,6 @@ class BranchWrites:
         self._inputs = inputs
         # The runner holds the autograd state of the operands the branch receives.
         real = [a is o for a, o in zip(inputs, self._operands)]
-        fn = (lambda *args: _within(context, branch, args)) if context else branch
         ran = _C.run_untaken((fn,), tuple(inputs), (self.recorder, real, *_NO_WATCH), 0)
         if ran.stop < 0:
             self._wrote = False
@@ -358,12 +358,14 @@ def _writing_copies(
     return run
 
 
-def _within(context, fn, args, result=tuple):
-    """Return ``result(fn(*args))`` under the context managers ``context``."""
-    if not context:
-        return result(fn(*args))
-    with context[0]:
-        return _within(context[1:], fn, args, result)
+def _under(mode, fn: Callable) -> Callable:
+    """Return ``fn`` running under the context manager ``mode``."""
+
+    def run(*args):
+        with mode:
+            return fn(*args)
+
+    return run
 
 
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
