@@ -493,21 +493,50 @@ def test_meta_tensors_differentiate_without_a_tracer():
     assert lin.weight.grad.shape == (2, 3)  # a closure, found by running the branches
 
 
+def _fake_or_meta(where):
+    """A context for tensors made where the branches run without a tracer, and their device."""
+    if where == "fake":
+        return torch._subclasses.fake_tensor.FakeTensorMode(), "cpu"
+    return contextlib.nullcontext(), "meta"
+
+
+@pytest.mark.parametrize("read", ["w", "w.T", "w.mT"])
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
 @pytest.mark.parametrize("where", ["meta", "fake"])
-def test_a_closure_read_only_in_a_nested_conditional_differentiates_without_a_tracer(where):
-    # The outer conditional's run of its branches finds the closure inside the inner
-    # one, as torch.cond (which compiles itself) finds it.
-    fake = torch._subclasses.fake_tensor.FakeTensorMode() if where == "fake" else None
-    device = "meta" if where == "meta" else "cpu"
-    with fake or contextlib.nullcontext():
+def test_closures_found_without_a_tracer_get_their_gradients(where, nested, read):
+    # A property that returns a tensor (w.T) reads w; a closure that only a nested
+    # conditional reads is the outer branch's too, as torch.cond (which compiles
+    # itself) finds it.
+    context, device = _fake_or_meta(where)
+    with context:
+        w = torch.ones(3, 3, device=device, requires_grad=True)
+        x = torch.ones(2, 3, device=device)
+        weight = {"w": lambda: w, "w.T": lambda: w.T, "w.mT": lambda: w.mT}[read]
+
+        def inner(x):
+            return x @ weight()
+
+        def outer(x):
+            return cond(x.sum() > 0, inner, lambda x: x - 1, (x,)) if nested else inner(x)
+
+        cond(x.sum() > 0, outer, lambda x: x + 1, (x,)).sum().backward()
+        assert w.grad is not None and w.grad.shape == (3, 3)
+
+
+@pytest.mark.parametrize("where", ["meta", "fake"])
+def test_torch_cond_in_a_branch_differentiated_without_a_tracer_is_refused(where):
+    # Closures are found by reading them through a torch-function mode, which code that
+    # torch.compile traces does not show its tensors to.
+    context, device = _fake_or_meta(where)
+    with context:
         w = torch.ones(3, device=device, requires_grad=True)
         x = torch.ones(3, device=device)
 
         def outer(x):
-            return cond(x.sum() > 0, lambda x: x * w, lambda x: x - w, (x,))
+            return torch.cond(x.sum() > 0, lambda x: x * w, lambda x: x - w, (x,))
 
-        cond(x.sum() > 0, outer, lambda x: x + 1, (x,)).sum().backward()
-        assert w.grad is not None and w.grad.shape == (3,)
+        with pytest.raises(torchcond.UnsupportedCondError, match="without a tracer"):
+            cond(x.sum() > 0, outer, lambda x: x + 1, (x,)).sum().backward()
 
 
 def test_checkpoint_around_a_cond_traces_and_matches_eager():

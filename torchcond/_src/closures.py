@@ -357,7 +357,7 @@ def grad_closures(
         for branch, label, f in zip(branches, labels, facts):
             with _compat.assuming(env, f, label) as assumed:
                 args = assumed.specialized(operands)
-                with StandIns(args, note):
+                with StandIns(args, note, properties=True):
                     branch(*args)
     return list(found.values())
 
@@ -368,7 +368,8 @@ def bind(branch: Callable, closures: Sequence[torch.Tensor], n_operands: int) ->
 
     def bound(*args):
         operands = args[:n_operands]
-        with StandIns(operands, _as_itself, read_as=zip(closures, args[n_operands:])):
+        pairs = zip(closures, args[n_operands:])
+        with StandIns(operands, _as_itself, pairs, properties=True):
             return branch(*operands)
 
     return bound
@@ -409,6 +410,9 @@ class StandIns(torch.overrides.TorchFunctionMode):
     ``swaps``, a test of whether ``stand_in`` may replace a tensor that torch.compile
     can trace, such a call reads every tensor as itself and refuses one that passes
     the test (``_traced_inside``). Without it, the call is refused.
+
+    A property read (``t.T``, ``t.shape``) reads ``t`` itself, unless ``properties``:
+    then it reads the stand-in, as every other call does.
     """
 
     def __init__(
@@ -418,9 +422,11 @@ class StandIns(torch.overrides.TorchFunctionMode):
         read_as: Iterable[tuple] = (),
         changing: Callable[[torch.Tensor, str], None] | None = None,
         swaps: Callable[[torch.Tensor], bool] | None = None,
+        properties: bool = False,
     ):
         super().__init__()
         self.stand_in = stand_in
+        self.properties = properties
         self.changing = changing
         self.swaps = swaps
         self.kept = _ByIdentity()
@@ -443,10 +449,12 @@ class StandIns(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if _compat.is_dynamo_compiling() and not self.kept.listed:
             return self._traced_inside(func, args, kwargs or {})
-        if getattr(func, "__name__", None) == "__get__":
-            # A property (requires_grad, _version) reads no value. Checks inside the
-            # branch read such properties from tensors that are not its own, such as
-            # an operand under its torch.func wrappers.
+        if not self.properties and getattr(func, "__name__", None) == "__get__":
+            # Where stand-ins mask gradients, a property that reads no value
+            # (requires_grad, _version) needs none. Checks inside the branch read such
+            # properties from tensors that are not its own, such as an operand under
+            # its torch.func wrappers. A tensor a property returns (t.T) is read
+            # through a stand-in of its own where the branch uses it.
             return func(*args, **(kwargs or {}))
         if self.changing is not None and func in _AUTOGRAD_STATE and self._closed_over(args[0]):
             self.changing(args[0], _AUTOGRAD_STATE[func])
@@ -478,13 +486,14 @@ class StandIns(torch.overrides.TorchFunctionMode):
         if operator or any(self.swaps is None or self.swaps(t) for t in tensors):
             raise_at_compile_time(
                 UnsupportedCondError,
-                "a branch that runs whether or not it is taken (strategy='select', or "
-                "vmap with a per-example predicate) calls code that torch.compile "
-                "traces (torch.cond compiles itself) while a gradient may be taken. "
-                "The branch reads each tensor that needs a gradient through a stand-in "
-                "that keeps the other branch's examples out of the gradient, which "
-                "torch.compile cannot trace. Use torchcond.cond there, or call the "
-                "conditional under torch.no_grad()",
+                "a conditional's branch calls code that torch.compile traces "
+                "(torch.cond compiles itself) while a gradient may be taken, and "
+                "torchcond reads the tensors that branch closes over through stand-ins, "
+                "which torch.compile cannot trace. The stand-ins keep the other branch's "
+                "examples out of the gradient where every branch runs (strategy='select', "
+                "or vmap with a per-example predicate), and find the closures where a "
+                "conditional is differentiated without a tracer (fake or meta tensors). "
+                "Use torchcond.cond there, or call the conditional under torch.no_grad()",
             )
         return func(*args, **kwargs)
 
