@@ -90,7 +90,7 @@ def trace_in_session(
     wrappers = Wrappers(_compat.functional_inner)
     with _compat.outside_functional_mode():
         functional = [
-            functionalized_writing_back(_recording(f, wrappers), mode, label)
+            functionalized_writing_back(under_modes(f, wrappers), mode, label)
             for f, label in zip(fns, labels)
         ]
         inner = _compat.unwrap_functional(operands)
@@ -120,7 +120,7 @@ def lift_under_transform(kind: ConditionalKind, branches, operands: tuple):
         inner = tuple(per_example.operand(t) for t in operands)
         # An operand the branch also reads from its closure is read as it receives it.
         fns = [
-            _recording(b, wrappers, StandIns(inner, per_example, zip(operands, inner)))
+            under_modes(b, wrappers, StandIns(inner, per_example, zip(operands, inner)))
             for b in branches
         ]
         if tracer is not None:
@@ -223,7 +223,7 @@ def _aten_level(gm: torch.fx.GraphModule) -> bool:
 _BUILTIN_MODULES = frozenset({"_operator", "operator", "builtins", "math"})
 
 
-def _recording(branch, *modes):
+def under_modes(branch, *modes):
     """Wrap ``branch`` to run under ``modes``. The last mode is innermost and sees calls first."""
 
     def run(*args):

@@ -387,7 +387,8 @@ def watch_after(
     if not buffers and found.unchanged():
         return  # Most often, the branch changed nothing that it can reach.
     found.valid = False  # The next call finds the states anew.
-    states = found.states  # Each compares its own part; one left as it was passes.
+    # Each state compares its own part, so one the branch left as it was passes.
+    states = found.states
     for state in states:
         if isinstance(state, _ModuleState):
             for name in state.rebound_buffers():

@@ -42,6 +42,7 @@ import torch
 
 from .. import _C, _compat
 from ..errors import BranchMutationError, UnsupportedCondError
+from .closures import under_modes
 
 _Tensor = torch.Tensor
 _functorch_base = _compat.functorch_base
@@ -154,7 +155,7 @@ class BranchWrites:
         or the operands themselves. Raise ``BranchMutationError`` for a refused write.
         After any error, the operands are as they were."""
         self.label = label
-        fn = branch if mode is None else _under(mode, branch)
+        fn = branch if mode is None else under_modes(branch, mode)
         if not self._records:
             return tuple(fn(*inputs))
         if self._recorder is None:
@@ -354,16 +355,6 @@ def _writing_copies(
         for i in copied:
             read_copy(i, inputs[i])
         return (*branch(*inputs), *(inputs[i] for i in copied))
-
-    return run
-
-
-def _under(mode, fn: Callable) -> Callable:
-    """Return ``fn`` running under the context manager ``mode``."""
-
-    def run(*args):
-        with mode:
-            return fn(*args)
 
     return run
 
