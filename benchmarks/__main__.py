@@ -2,6 +2,7 @@
 
     python -m benchmarks                   # full run into benchmarks/results/ (~10 min)
     python -m benchmarks --quick           # smoke run into a temporary folder
+    python -m benchmarks --quick --jobs 2  # the same, two benchmarks at a time
     python -m benchmarks --only eager,select --out-dir /tmp/bench
     python -m benchmarks --plots-only      # redraw the PNGs from the JSON files
     python -m benchmarks --threads 1       # one torch thread (a machine shared with others)
@@ -9,7 +10,8 @@
 
 Each benchmark runs as its own process (``benchmarks/bench_<name>.py --out
 <dir>/<name>.json``), one after the other, so none inherits another's dynamo caches,
-threads or memory. What each one prints is shown and kept in ``<dir>/<name>.txt``.
+threads or memory. A smoke run may run N at a time (``--quick --jobs N``), each one's
+output shown when it ends. What each one prints is kept in ``<dir>/<name>.txt``.
 ``<dir>/run.json`` records the run: the header (commit, torch, CPU model, threads,
 load average before and after), each benchmark's time, exit code and files. Lines
 longer than 100 characters in a benchmark's output are reported (there should be none).
@@ -22,6 +24,8 @@ file it writes names the device: ``select_gpu-nvidia-h100-80gb-hbm3.json``, its
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import io
 import os
 import subprocess
 import sys
@@ -47,7 +51,11 @@ BENCHMARKS = (
 GPU_BENCHMARKS = ("select_gpu", "cond_gpu")
 
 
-def run_one(name: str, out_dir: str, quick: bool, threads: int | None, suffix: str = "") -> dict:
+def run_one(
+    name: str, out_dir: str, quick: bool, threads: int | None, suffix: str = "", show: bool = True
+) -> dict:
+    """Run one benchmark's script. Its output is shown as it comes with ``show``, or
+    else printed whole when it ends (runs side by side)."""
     json_path = os.path.join(out_dir, f"{name}{suffix}.json")
     txt_path = os.path.join(out_dir, f"{name}{suffix}.txt")
     cmd = [sys.executable, os.path.join(HERE, f"bench_{name}.py"), "--out", json_path]
@@ -58,9 +66,10 @@ def run_one(name: str, out_dir: str, quick: bool, threads: int | None, suffix: s
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     shown = ["python", *(os.path.relpath(c) if os.path.isabs(c) else c for c in cmd[1:])]
+    out = sys.stdout if show else io.StringIO()
     for line in common.wrap(f"== {name}: {' '.join(shown)}"):
-        print(line)
-    sys.stdout.flush()
+        print(line, file=out)
+    out.flush()
     t0 = time.perf_counter()
     long_lines = 0
     with open(txt_path, "w") as log:
@@ -75,13 +84,18 @@ def run_one(name: str, out_dir: str, quick: bool, threads: int | None, suffix: s
         )
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stdout.write(line)
+            out.write(line)
             log.write(line)
             long_lines += len(line.rstrip("\n")) > common.MAX_LINE
         rc = proc.wait()
     elapsed = time.perf_counter() - t0
-    print(f"== {name}: exit code {rc}, {elapsed:.1f} s, {long_lines} line(s) over 100 chars")
-    print()
+    print(
+        f"== {name}: exit code {rc}, {elapsed:.1f} s, {long_lines} line(s) over 100 chars\n",
+        file=out,
+    )
+    if not show:
+        sys.stdout.write(out.getvalue())
+        sys.stdout.flush()
     return {
         "benchmark": name,
         "rc": rc,
@@ -114,6 +128,12 @@ def main(argv=None) -> int:
         "--gpu",
         action="store_true",
         help=f"the GPU benchmarks ({','.join(GPU_BENCHMARKS)}); file names name the device",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="benchmarks run side by side, only with --quick (their timings then share the cores)",
     )
     ap.add_argument("--no-plots", action="store_true", help="JSON only, no PNGs")
     ap.add_argument("--plots-only", action="store_true", help="redraw PNGs from existing JSON")
@@ -159,7 +179,18 @@ def main(argv=None) -> int:
     )
     print()
     t0 = time.perf_counter()
-    runs = [run_one(name, out_dir, args.quick, args.threads, suffix) for name in names]
+    if args.jobs > 1 and not args.quick:
+        ap.error("--jobs runs benchmarks side by side, which only a smoke run (--quick) may")
+    if args.jobs > 1:
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            runs = list(
+                pool.map(
+                    lambda name: run_one(name, out_dir, True, args.threads, suffix, show=False),
+                    names,
+                )
+            )
+    else:
+        runs = [run_one(name, out_dir, args.quick, args.threads, suffix) for name in names]
     pngs = [] if args.no_plots else make_plots(out_dir, gpu=args.gpu)
     header["load_after"] = common.loadavg()
     header["elapsed_s"] = round(time.perf_counter() - t0, 2)
