@@ -115,9 +115,9 @@ docs: install
 	$(PY) -m sphinx -n -W --keep-going -q -b doctest docs docs/_build/doctest
 
 # Every CPU benchmark with --quick through the entry point, plots included, into
-# build/bench-smoke (benchmarks/results/ keeps the full run's figures).
+# build/bench-smoke (benchmarks/results/ keeps the full run's figures), two at a time.
 bench-smoke: install
-	$(PY) -m benchmarks --quick --out-dir build/bench-smoke-$(TORCH)
+	$(PY) -m benchmarks --quick --jobs 2 --out-dir build/bench-smoke-$(TORCH)
 
 # The full CPU benchmarks (`python -m benchmarks`): results/<name>.json, plots, run.json.
 bench: install
