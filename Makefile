@@ -125,7 +125,8 @@ bench: install
 
 # The CUDA select kernel compiles with nvcc alone (no CUDA torch needed): CI has no
 # GPU and a CPU torch, so this is how the kernel stays compilable there. ptxas
-# warnings (register spills, local memory) fail the check. A few seconds.
+# warnings (register spills, local memory) fail the check. One nvcc thread per core
+# (an architecture each).
 NVCC ?= $(shell if [ -x /usr/local/cuda/bin/nvcc ]; then echo /usr/local/cuda/bin/nvcc; else command -v nvcc; fi)
 CUDA_CHECK_ARCHS ?= 80 90
 
@@ -135,7 +136,7 @@ cuda-check:
 	else \
 		out=$$(mktemp -d) && \
 		echo "cuda-check: $(NVCC) csrc/cuda/select_kernel_check.cu for sm_$(subst $(eval) ,/sm_,$(CUDA_CHECK_ARCHS))" && \
-		$(NVCC) -std=c++17 -O3 -c csrc/cuda/select_kernel_check.cu -o $$out/select_kernel_check.o \
+		$(NVCC) -std=c++17 -O3 --threads 0 -c csrc/cuda/select_kernel_check.cu -o $$out/select_kernel_check.o \
 			$(foreach a,$(CUDA_CHECK_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
 			-Xptxas --warn-on-spills,--warn-on-local-memory-usage,--warning-as-error && \
 		rm -rf $$out && echo "cuda-check: ok"; \
