@@ -11,7 +11,7 @@
 #   make wheel-check  sdist -> wheel -> install outside the repo -> import, run the demo
 #   make matrix what CI runs after `make test`: `unit`, `typecheck` and `docs` on
 #               2.15.0 (what depends on torch's version), `unit` on 2.14.1 (a CPU-only
-#               build) and 2.11.0, the composition sample split among the three
+#               build) and 2.11.0
 #   make cuda-check  compile csrc/cuda/select_kernel.cuh with nvcc (skipped without nvcc)
 #   make bench  every CPU benchmark: JSON and PNG plots in benchmarks/results/ (~10 min)
 #   make gpu-check  on a machine with a GPU: build the CUDA extension, the whole suite
@@ -173,19 +173,18 @@ wheel-check: install
 	cd $(DIST) && venv/bin/python -P demo.py > demo.out && tail -n 3 demo.out
 
 # CI's torch matrix after `make test` (torch 2.13.0). Lint, cuda-check and the
-# benchmark smoke runs do not depend on torch's version, so they run there only. The
-# legs split the composition matrix's sample (test/test_composition.py, share:K/N):
-# each runs its anchors and one share of its other cases, all of which 2.13.0 runs.
-# Each leg prints its time.
+# benchmark smoke runs do not depend on torch's version, so they run there only. Each
+# leg prints its time.
 matrix:
-	@n=$(words $(MATRIX_FULL) $(MATRIX_UNIT)); k=0; \
-	for v in $(MATRIX_FULL) $(MATRIX_UNIT); do \
-		k=$$((k + 1)); start=$$(date +%s); \
-		goals=$$(case " $(MATRIX_FULL) " in *" $$v "*) echo "unit typecheck docs";; *) echo unit;; esac); \
+	@for v in $(MATRIX_FULL); do \
+		start=$$(date +%s); $(MAKE) --no-print-directory unit typecheck docs TORCH=$$v || exit 1; \
+		echo "matrix: torch $$v: make unit typecheck docs passed in $$(( $$(date +%s) - start )) s"; \
+	done
+	@for v in $(MATRIX_UNIT); do \
+		start=$$(date +%s); \
 		cuda=$$(case " $(MATRIX_CPU_ONLY) " in *" $$v "*) echo 0;; *) echo "$${TORCHCOND_CUDA:-}";; esac); \
-		TORCHCOND_CUDA=$$cuda TORCHCOND_COMPOSITION=share:$$k/$$n \
-			$(MAKE) --no-print-directory $$goals TORCH=$$v || exit 1; \
-		echo "matrix: torch $$v: make $$goals (composition share $$k/$$n) passed in $$(( $$(date +%s) - start )) s"; \
+		TORCHCOND_CUDA=$$cuda $(MAKE) --no-print-directory unit TORCH=$$v || exit 1; \
+		echo "matrix: torch $$v: make unit passed in $$(( $$(date +%s) - start )) s"; \
 	done
 
 clean:

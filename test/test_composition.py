@@ -23,10 +23,6 @@ error, and torch's global state usable afterwards (an unrelated jacfwd still run
 `make test` runs a fixed sample that covers every context, transform and branch kind,
 plus each defect of issue 26. `TORCHCOND_COMPOSITION=full` (`make test-long`) runs the
 whole product; `-k` selects from it by id (`-k "fx-symbolic and grad"`).
-`TORCHCOND_COMPOSITION=share:K/N` runs the anchors (the known defects and what the
-matrix found) and the K-th of N shares of the sample's other cases: CI's other torch
-releases split the sample that way (`make matrix`), so each anchor meets every release
-and each drawn case two.
 """
 
 from __future__ import annotations
@@ -54,8 +50,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import torchcond
 from torchcond import BranchMutationError, CondArgumentError, CondError
 
-COMPOSITION = os.environ.get("TORCHCOND_COMPOSITION", "")
-FULL = COMPOSITION == "full"
+FULL = os.environ.get("TORCHCOND_COMPOSITION", "") == "full"
 
 
 # --- a custom pytree node -----------------------------------------------------------------
@@ -673,29 +668,7 @@ def sample(seed: int = 26) -> list[Case]:
     return chosen
 
 
-def share(cases: list[Case], k: int, n: int) -> list[Case]:
-    """The anchors among ``cases``, then every n-th other case from the k-th (1 to n)."""
-    anchors = set(KNOWN_DEFECTS + FOUND_BY_THE_MATRIX)
-    drawn = [c for c in cases if str(c) not in anchors]
-    return [c for c in cases if str(c) in anchors] + drawn[k - 1 :: n]
-
-
-def chosen_cases(setting: str) -> list[Case]:
-    """The cases that ``TORCHCOND_COMPOSITION`` asks for: ``full``, ``share:K/N``, or the
-    sample (empty)."""
-    if setting == "full":
-        return ALL
-    if setting.startswith("share:"):
-        k, n = (int(v) for v in setting.removeprefix("share:").split("/"))
-        if not 1 <= k <= n:
-            raise ValueError(f"TORCHCOND_COMPOSITION={setting}: K must be 1 to N")
-        return share(sample(), k, n)
-    if setting:
-        raise ValueError(f"TORCHCOND_COMPOSITION={setting}: expected full or share:K/N")
-    return sample()
-
-
-CASES = chosen_cases(COMPOSITION)
+CASES = ALL if FULL else sample()
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -1083,24 +1056,9 @@ def test_matches_python_if(case):
 
 
 def test_sample_meets_every_context_transform_kind_op_and_strategy():
-    cases = sample()
     for axis, values in enumerate([CONTEXTS, TRANSFORMS, list(KINDS), OPS, STRATEGIES]):
-        assert {dataclasses.astuple(c)[axis] for c in cases} == set(values)
-    assert {str(c) for c in cases} >= set(KNOWN_DEFECTS + FOUND_BY_THE_MATRIX)
-
-
-def test_shares_hold_every_anchor_and_split_the_rest():
-    cases, anchors = sample(), set(KNOWN_DEFECTS + FOUND_BY_THE_MATRIX)
-    shares = [chosen_cases(f"share:{k}/3") for k in (1, 2, 3)]
-    for mine in shares:
-        assert {str(c) for c in mine} >= anchors
-    drawn = [[str(c) for c in mine if str(c) not in anchors] for mine in shares]
-    every = sorted(itertools.chain.from_iterable(drawn))
-    assert every == sorted(str(c) for c in cases if str(c) not in anchors)
-    assert max(map(len, drawn)) - min(map(len, drawn)) <= 1
-    for bad in ("share:0/3", "share:4/3", "some"):
-        with pytest.raises(ValueError, match="TORCHCOND_COMPOSITION"):
-            chosen_cases(bad)
+        assert {dataclasses.astuple(c)[axis] for c in CASES} == set(values)
+    assert {str(c) for c in CASES} >= set(KNOWN_DEFECTS + FOUND_BY_THE_MATRIX)
 
 
 # --- invalid selectors are refused in every context (issue 26, defect 4) ----------------------
