@@ -138,6 +138,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-plots", action="store_true", help="JSON only, no PNGs")
     ap.add_argument("--plots-only", action="store_true", help="redraw PNGs from existing JSON")
     args = ap.parse_args(argv)
+    if args.jobs < 1 or (args.jobs > 1 and not args.quick):
+        ap.error(
+            "--jobs N runs N benchmarks side by side (N >= 1), more than one only with --quick"
+        )
 
     out_dir = args.out_dir or (
         os.path.join(tempfile.gettempdir(), "torchcond-bench-quick")
@@ -179,18 +183,12 @@ def main(argv=None) -> int:
     )
     print()
     t0 = time.perf_counter()
-    if args.jobs > 1 and not args.quick:
-        ap.error("--jobs runs benchmarks side by side, which only a smoke run (--quick) may")
-    if args.jobs > 1:
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            runs = list(
-                pool.map(
-                    lambda name: run_one(name, out_dir, True, args.threads, suffix, show=False),
-                    names,
-                )
-            )
-    else:
-        runs = [run_one(name, out_dir, args.quick, args.threads, suffix) for name in names]
+
+    def run(name: str) -> dict:
+        return run_one(name, out_dir, args.quick, args.threads, suffix, show=args.jobs == 1)
+
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        runs = list(pool.map(run, names))
     pngs = [] if args.no_plots else make_plots(out_dir, gpu=args.gpu)
     header["load_after"] = common.loadavg()
     header["elapsed_s"] = round(time.perf_counter() - t0, 2)
