@@ -151,8 +151,7 @@ def _freeze_what_is_alive() -> None:
         keys = dispatch_keys()
         gc.unfreeze()
         gc.collect()
-        if dispatch_keys() != keys:
-            restore_dispatch_keys(keys)
+        restore_dispatch_keys(keys)
     gc.freeze()
 
 
