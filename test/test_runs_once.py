@@ -6,6 +6,7 @@ changes nothing a branch can reach.
 """
 
 import itertools
+import re
 import sys
 
 import pytest
@@ -240,6 +241,70 @@ def test_a_change_of_python_state_runs_once_and_is_put_back(how):
     assert log == []
 
 
+class _Counter:
+    def __init__(self):
+        self.n = 0
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.counter = _Counter()
+        self.handlers = [_Counter()]
+        self.nested = {"log": [[]]}
+
+
+def _default_log(x, log=[]):  # noqa: B006 (the default is the state)
+    log.append(1)
+    return x + 1
+
+
+# State held deeper than a name the branch reads: an object a module holds, an object
+# in a list, a list in a list in a dict. Each with what the refusal names.
+HELD = {
+    "attribute of an attribute": "false_fn sets self.counter.n to int (1)",
+    "object in a list": "false_fn sets self.handlers[0].n to int (1)",
+    "list in a list": "false_fn changes self.nested['log'][0] (a list)",
+}
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("held", list(HELD))
+def test_state_held_in_attributes_and_items_is_put_back_and_refused(how, held):
+    """docs/select.rst: what a module or user object holds in its attributes, and what
+    lists, dicts and sets hold, is watched in turn, and left as a Python ``if`` leaves
+    it when the branch is not taken."""
+    self = _Holder()
+
+    def t(x):
+        return x + 1
+
+    def f(x):
+        if held == "attribute of an attribute":
+            self.counter.n += 1
+        elif held == "object in a list":
+            self.handlers[0].n += 1
+        else:
+            self.nested["log"][0].append(1)
+        return x - 1
+
+    with torch.no_grad(), Runs(t=t, f=f) as runs:
+        with pytest.raises(BranchMutationError, match=re.escape(HELD[held])):
+            how(True, t, f, torch.randn(3, 4))
+    assert runs.counts == {"t": 1, "f": 1}
+    assert (self.counter.n, self.handlers[0].n, self.nested) == (0, 0, {"log": [[]]})
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_default_argument_the_untaken_branch_changes_is_put_back_and_refused(how):
+    log = _default_log.__defaults__[0]
+    log.clear()
+    with torch.no_grad():
+        with pytest.raises(BranchMutationError, match="true_fn changes a default argument"):
+            how(False, _default_log, _scaling, torch.zeros(3, 2))
+    assert log == []
+
+
 COUNTER = itertools.count(1)
 
 
@@ -332,3 +397,40 @@ def test_the_watch_follows_functions_4_steps_as_docs_select_says(helper, watched
         else:
             select(False, t, _scaling, torch.zeros(2))
             assert LOG == [1]
+
+
+def _chain(length: int) -> _Counter:
+    """A counter ``length`` attributes deep: ``root.next.next...``."""
+    root = node = _Counter()
+    for _ in range(length):
+        node.next = _Counter()
+        node = node.next
+    return root
+
+
+@pytest.mark.parametrize("length, watched", [(8, True), (9, False)], ids=["8 deep", "9 deep"])
+def test_the_watch_follows_attributes_8_deep_as_docs_select_says(length, watched):
+    """docs/select.rst: the objects that the attributes and items of a value the branch
+    reads hold are watched to 8 attributes or items deep; deeper ones are not."""
+    root = _chain(length)
+    last = root
+    for _ in range(length):
+        last = last.next
+
+    def t(x):
+        last_of(root).n += 1
+        return x + 1
+
+    def last_of(node):
+        while hasattr(node, "next"):
+            node = node.next
+        return node
+
+    with torch.no_grad():
+        if watched:
+            with pytest.raises(BranchMutationError, match=r"\.next\.n to int \(1\)"):
+                select(False, t, _scaling, torch.zeros(2))
+            assert last.n == 0
+        else:
+            select(False, t, _scaling, torch.zeros(2))
+            assert last.n == 1

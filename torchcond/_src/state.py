@@ -291,21 +291,19 @@ _RECORDS: weakref.WeakKeyDictionary[types.FunctionType, _Found] = weakref.WeakKe
 
 class _Found:
     """What a branch ``fn`` can reach (``_reachable``), with a snapshot of its probes.
-    The probes cover everything read to find the states and everything they compare.
-    While every probe reads as it did, a new search would find the same states."""
+    The probes cover everything read to find what it reaches. ``roles`` says, for the
+    probes of what a branch may not change, what a change there is. While every probe
+    reads as it did, a new search would find the same."""
 
-    __slots__ = ("iterators", "probes", "root", "snapshot", "states", "valid")
+    __slots__ = ("iterators", "probes", "roles", "root", "snapshot", "valid")
 
     def __init__(self, fn: Callable):
         self.probes: list[tuple] = []
         finder = _reachable(fn, self.probes)
-        self.states = finder.states
-        # (name, iterator) for each iterator it reaches, which no state can watch.
+        self.roles = finder.roles
+        # (name, iterator) for each iterator it reaches, which no snapshot can watch.
         self.iterators = finder.iterators
         self.snapshot = _C.watch_snapshot(self.probes)
-        for state in self.states:
-            if type(state) is _TensorState:  # It compares and puts back what the probe held.
-                state.hold = self.snapshot[state.index]
         # The function's own attributes are compared here, not probed. A probe would
         # hold the function, which a kept record may not do (_RECORDS).
         self.root = _root_attributes(fn) if type(fn) is types.FunctionType else None
@@ -313,7 +311,7 @@ class _Found:
 
     def unchanged(self) -> bool:
         """True when every probe reads as it did. It is never true when anything that a
-        state compares differs. It may be false when nothing does."""
+        role watches differs. It may be false when nothing does."""
         return _C.watch_same(self.probes, self.snapshot)
 
     def fits(self, fn: types.FunctionType) -> bool:
@@ -386,20 +384,23 @@ def watch_after(
         buffers.setdefault((id(module), name), (module, name, old))
     if not buffers and found.unchanged():
         return  # Most often, the branch changed nothing that it can reach.
-    found.valid = False  # The next call finds the states anew.
-    # Each state compares its own part, so one the branch left as it was passes.
-    states = found.states
-    for state in states:
-        if isinstance(state, _ModuleState):
-            for name in state.rebound_buffers():
-                old = state.buffers.get(name, _MISSING)
-                buffers.setdefault((id(state.module), name), (state.module, name, old))
+    found.valid = False  # The next call finds what it reaches anew.
+    changed = [
+        (role, found.probes[i], found.snapshot[i])
+        for i, role in found.roles.items()
+        if not _C.watch_same([found.probes[i]], [found.snapshot[i]])
+    ]
+    for role, probe, before in changed:
+        if role[0] == _REGISTRY and role[3] == "_buffers":  # rebound without the hook
+            module, old = role[2], _pairs(before)
+            for name in _differing(old, probe[1]):
+                buffers.setdefault((id(module), name), (module, name, old.get(name, _MISSING)))
     writes, error = [], None
     if not failed:
         try:
             writes = _buffer_writes(found, label, buffers, under_select)
-            for state in states:
-                state.check(label)
+            for role, probe, before in changed:
+                _refuse_change(role, probe, before, label)
         except BranchMutationError as refused:
             error = refused
     for module, name, old in buffers.values():
@@ -407,8 +408,8 @@ def watch_after(
             _compat.module_buffers(module).pop(name, None)
         else:
             _compat.module_buffers(module)[name] = old
-    for state in states:
-        state.restore()
+    for role, probe, before in changed:
+        _put_back(role, probe, before)
     if error is not None:
         raise error
     for buffer, value in writes:
@@ -418,7 +419,7 @@ def watch_after(
 def _buffer_writes(found: _Found, label: str, buffers: dict, under_select: bool) -> list:
     """Return ``(buffer, new value)`` for each buffer in ``buffers`` the branch rebound."""
     writes = []
-    texts = {id(s.module): s.text for s in found.states if isinstance(s, _ModuleState)}
+    texts = {id(r[2]): r[1] for r in found.roles.values() if r[0] == _REGISTRY}
     for module, name, old in buffers.values():
         new = _compat.module_buffers(module).get(name, _MISSING)
         if new is not old:
@@ -443,188 +444,112 @@ _REGISTRIES = _compat.MODULE_REGISTRIES
 _CONTAINERS = (list, dict, set)
 
 
+# What a change at a probe is (``_Found.roles``, by the probe's index): a role is
+# (what, how the branch names it) and, for attributes and registries, their owner
+# (and the registry's name).
+_ATTRIBUTES, _REGISTRY, _CONTENTS, _VARIABLE, _AUTOGRAD = range(5)
+
+
+def _pairs(snapshot: tuple) -> dict:
+    """The dict a ``_DICT`` probe's snapshot (keys and values, in turn) holds."""
+    return dict(zip(snapshot[::2], snapshot[1::2]))
+
+
+def _differing(before: dict, now: dict) -> list:
+    """The keys whose values differ between two dicts, by identity."""
+    keys = [*before, *(k for k in now if k not in before)]
+    return [k for k in keys if now.get(k, _MISSING) is not before.get(k, _MISSING)]
+
+
+def _attributes(owner, attrs: dict) -> dict:
+    """The attributes among ``attrs`` (``vars(owner)`` or its snapshot) that a branch
+    may not set. A module's bookkeeping is left out, and so are the private attributes
+    of torch's own modules, which are caches (an LSTM's ``_flat_weights``)."""
+    if not isinstance(owner, torch.nn.Module):
+        return dict(attrs)
+    builtin = type(owner).__module__.startswith("torch.")
+    return {k: attrs[k] for k in _module_attributes(tuple(attrs), builtin)}
+
+
+@functools.lru_cache(maxsize=1024)
+def _module_attributes(names: tuple[str, ...], builtin: bool) -> tuple[str, ...]:
+    """The names in ``names`` that ``_attributes`` keeps, cached: a module's names rarely
+    change."""
+    return tuple(k for k in names if k not in _BOOKKEEPING and not (builtin and k[:1] == "_"))
+
+
 def _same_contents(value, before) -> bool:
+    """Whether a list, dict or set holds what its probe's snapshot ``before`` held. A
+    dict's keys may come in another order."""
     if isinstance(value, dict):
-        return value.keys() == before.keys() and all(value[k] is before[k] for k in value)
+        old = _pairs(before)
+        return value.keys() == old.keys() and all(value[k] is old[k] for k in value)
     if isinstance(value, list):
         return len(value) == len(before) and all(a is b for a, b in zip(value, before))
     return len(value) == len(before) and all(v in before for v in value)
 
 
-def _put_back(value, before) -> None:
-    if isinstance(value, list):
-        value[:] = before
-    else:
-        value.clear()
-        value.update(before)
-
-
-class _ObjectState:
-    """The attributes (``vars``) of a module or user object that a branch reaches, and
-    the contents of the lists, dicts and sets among them."""
-
-    def __init__(self, text: str, obj):
-        self.text = text
-        self.obj = obj
-        self.attrs = self._now()
-        self.contents = {k: v.copy() for k, v in self.attrs.items() if isinstance(v, _CONTAINERS)}
-
-    def probe(self, probes: list) -> None:
-        """Add the probes of what ``check`` compares (``_Found``)."""
-        probes.append((_DICT, vars(self.obj)))
-        probes.extend(_contents_probe(self.attrs[k]) for k in self.contents)
-
-    def _watched_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
-        return names
-
-    def _now(self) -> dict:
-        everything = vars(self.obj)
-        return {k: everything[k] for k in self._watched_names(tuple(everything))}
-
-    def check(self, label: str) -> None:
-        now = self._now()
-        for name in [*self.attrs, *(k for k in now if k not in self.attrs)]:
-            attr = f"{self.text}.{name}"
-            if name not in now:
-                refuse_deletion(label, attr)
-            value = now[name]
-            if name not in self.attrs or value is not self.attrs[name]:
-                refuse_attribute(label, attr, value)
-            before = self.contents.get(name)
-            if before is not None and not _same_contents(value, before):
-                refuse_python_state(label, attr, type(value).__name__)
-
-    def restore(self) -> None:
-        attrs = vars(self.obj)
-        for name in [k for k in self._watched_names(tuple(attrs)) if k not in self.attrs]:
-            del attrs[name]
-        for name, value in self.attrs.items():
-            attrs[name] = value
-            before = self.contents.get(name)
-            if before is not None and not _same_contents(value, before):
-                _put_back(value, before)
-
-
-@functools.lru_cache(maxsize=1024)
-def _module_attributes(names: tuple[str, ...], builtin: bool) -> tuple[str, ...]:
-    """Return the names in ``names`` that a branch may not set. Bookkeeping is left out,
-    and so are the private names of torch's own modules (``builtin``). The result is
-    cached, because a module's names rarely change."""
-    return tuple(k for k in names if k not in _BOOKKEEPING and not (builtin and k[:1] == "_"))
-
-
-class _ModuleState(_ObjectState):
-    """An ``nn.Module``'s attributes, and its registered parameters, buffers and
-    submodules. The private attributes of torch's own modules are caches, such as an
-    LSTM's ``_flat_weights``, so they are not watched."""
-
-    def __init__(self, text: str, module: torch.nn.Module):
-        self.module = module
-        self._builtin = type(module).__module__.startswith("torch.")
-        super().__init__(text, module)
-        self.registries = {r: dict(getattr(module, r)) for r in _REGISTRIES}
-        self.buffers = self.registries["_buffers"]
-
-    def probe(self, probes: list) -> None:
-        super().probe(probes)
-        probes.extend((_DICT, getattr(self.module, r)) for r in _REGISTRIES)
-
-    def _watched_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
-        return _module_attributes(names, self._builtin)
-
-    def rebound_buffers(self) -> list[str]:
-        now = _compat.module_buffers(self.module)
-        names = [*self.buffers, *(k for k in now if k not in self.buffers)]
-        return [k for k in names if now.get(k, _MISSING) is not self.buffers.get(k, _MISSING)]
-
-    def check(self, label: str) -> None:
-        for registry in ("_parameters", "_modules"):  # the watch settles buffers
-            before, now = self.registries[registry], getattr(self.module, registry)
-            for name in [*before, *(k for k in now if k not in before)]:
-                if now.get(name, _MISSING) is before.get(name, _MISSING):
-                    continue
-                attr = f"{self.text}.{name}"
-                old, new = before.get(name, ABSENT), now.get(name, ABSENT)
-                check_registry_change(label, attr, registry, old, new, under_select=False)
-        super().check(label)
-
-    def restore(self) -> None:
-        for registry, before in self.registries.items():
-            now = getattr(self.module, registry)
-            if now.keys() != before.keys() or any(now[k] is not before[k] for k in now):
-                now.clear()
-                now.update(before)
-        super().restore()
-
-
-class _VariableState:
-    """A variable that a branch's code closes over or names as a global, and the
-    contents of the list, dict or set it holds. ``where`` is the probe that reads it:
-    ``(_CELL, cell)`` or ``(_ITEM, globals, name)``."""
-
-    def __init__(self, text: str, where: tuple):
-        self.text, self.where = text, where
-        self.value = self.get()
-        self.contents = self.value.copy() if isinstance(self.value, _CONTAINERS) else None
-
-    def get(self):
-        """Return the value, or ``_MISSING`` for a deleted global or an emptied cell."""
-        kind, holder, *name = self.where
+def _variable(probe: tuple):
+    """What a ``_CELL`` or ``_ITEM`` probe reads now, or ``_MISSING`` when deleted."""
+    if probe[0] == _CELL:
         try:
-            return holder.cell_contents if kind == _CELL else holder[name[0]]
-        except (KeyError, ValueError):
+            return probe[1].cell_contents
+        except ValueError:
             return _MISSING
+    return probe[1].get(probe[2], _MISSING)
 
-    def put(self, value) -> None:
-        kind, holder, *name = self.where
-        if kind == _CELL:
-            holder.cell_contents = value
-        else:
-            holder[name[0]] = value
 
-    def probe(self, probes: list) -> None:
-        """Add the probes of what ``check`` compares (``_Found``)."""
-        probes.append(self.where)
-        if self.contents is not None:
-            probes.append(_contents_probe(self.value))
-
-    def check(self, label: str) -> None:
-        value = self.get()
+def _refuse_change(role: tuple, probe: tuple, before, label: str) -> None:
+    """Raise for what the branch changed at ``probe``, which read ``before``. A change
+    that the role allows (a module's bookkeeping, a dict's order) passes."""
+    what, text = role[0], role[1]
+    if what == _AUTOGRAD:
+        changed = before.changed()  # the snapshot's _C.AutogradHold of the tensor
+        if changed is not None:
+            refuse_autograd_state(label, changed, probe[1], text)
+    elif what == _VARIABLE:
+        value = _variable(probe)
         if value is _MISSING:
-            refuse_deletion(label, self.text)
-        if value is not self.value:
-            refuse_variable(label, self.text, value)
-        if self.contents is not None and not _same_contents(value, self.contents):
-            refuse_python_state(label, self.text, type(value).__name__)
+            refuse_deletion(label, text)
+        refuse_variable(label, text, value)
+    elif what == _CONTENTS:
+        if not _same_contents(probe[1], before):
+            refuse_python_state(label, text, type(probe[1]).__name__)
+    elif what == _ATTRIBUTES:
+        old, now = _attributes(role[2], _pairs(before)), _attributes(role[2], probe[1])
+        for name in _differing(old, now):
+            if name not in now:
+                refuse_deletion(label, f"{text}.{name}")
+            refuse_attribute(label, f"{text}.{name}", now[name])
+    elif role[3] != "_buffers":  # watch_after settles the buffers
+        old, now = _pairs(before), probe[1]
+        for name in _differing(old, now):
+            attr = f"{text}.{name}"
+            new = now.get(name, ABSENT)
+            check_registry_change(label, attr, role[3], old.get(name, ABSENT), new, False)
 
-    def restore(self) -> None:
-        if self.get() is not self.value:
-            self.put(self.value)
-        if self.contents is not None and not _same_contents(self.value, self.contents):
-            _put_back(self.value, self.contents)
 
-
-class _TensorState:
-    """The autograd state of a tensor that a branch closes over, names as a global or
-    reaches as a module's parameter or buffer: requires_grad, .grad, hooks and what
-    .data is, which no op shows."""
-
-    def __init__(self, text: str, tensor: torch.Tensor):
-        self.text, self.tensor = text, tensor
-        self.index = -1
-        self.hold: Any = None  # The snapshot's _C.AutogradHold of the tensor (``_Found``).
-
-    def probe(self, probes: list) -> None:
-        self.index = len(probes)
-        probes.append((_TENSOR, self.tensor))
-
-    def check(self, label: str) -> None:
-        what = self.hold.changed()
-        if what is not None:
-            refuse_autograd_state(label, what, self.tensor, self.text)
-
-    def restore(self) -> None:
-        self.hold.put_back()
+def _put_back(role: tuple, probe: tuple, before) -> None:
+    """Give what ``probe`` reads the value its snapshot ``before`` holds."""
+    what, value = role[0], probe[1]
+    if what == _AUTOGRAD:
+        before.put_back()
+    elif what == _VARIABLE:
+        if probe[0] == _CELL:
+            value.cell_contents = before
+        else:
+            value[probe[2]] = before
+    elif what == _ATTRIBUTES:
+        old = _attributes(role[2], _pairs(before))
+        for name in _attributes(role[2], value):
+            if name not in old:
+                del value[name]
+        value.update(old)
+    elif isinstance(value, list):
+        value[:] = before
+    elif not (isinstance(value, dict) and _same_contents(value, before)):
+        value.clear()
+        value.update(_pairs(before) if isinstance(value, dict) else before)
 
 
 _LIBRARIES = frozenset(("torch", "torchcond", "functools", "builtins", "typing", "contextlib"))
@@ -651,40 +576,70 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
 
 
 _MAX_DEPTH = 4  # How deep the walk follows functions through closures and globals.
-_SEQUENCES = (list, tuple, dict)
+_MAX_NESTING = 8  # How deep it follows attributes and items from a value a function reads.
+_SEQUENCES = (list, tuple, dict, set)
+# Values that hold no state of their own, which the walk passes over.
+_ATOMS = frozenset((int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device))
 
 
 def _reachable(fn: Callable, probes: list) -> _Finder:
     """Return the walk of what ``fn`` reaches through closures, ``self``, defaults and
-    globals: its ``states``, and the ``iterators`` it reaches. ``probes`` receives a
-    probe of everything read here and everything the states compare, except ``fn``'s
-    own attributes (``_root_attributes``)."""
+    globals: the ``roles`` of its probes, and the ``iterators`` it reaches. ``probes``
+    receives a probe of everything read here, except ``fn``'s own attributes
+    (``_root_attributes``)."""
     finder = _Finder(fn, probes)
     finder.visit(fn, getattr(fn, "__name__", "the branch"), 0)
     return finder
 
 
+def _is_code(value) -> bool:
+    """Whether the walk follows ``value`` as a function (``_MAX_DEPTH``), not as data."""
+    return callable(value) and not isinstance(value, (torch.nn.Module, type))
+
+
 class _Finder:
     """``_reachable``'s walk. It follows functions a few levels deep. It finds modules
-    (with their submodules), user objects, variables and the containers they hold. It
-    reads what is there now, so a variable rebound or a submodule added between calls
-    is watched too. It is a class because nested functions would hold each other (and
-    ``fn``) in a cycle, alive until the cycle collector runs."""
+    (with their submodules), user objects, variables, tensors and containers, and what
+    their attributes and items hold in turn. It reads what is there now, so a variable
+    rebound or a submodule added between calls is watched too. It is a class because
+    nested functions would hold each other (and ``fn``) in a cycle, alive until the
+    cycle collector runs."""
 
     def __init__(self, fn: Callable, probes: list):
         self.fn = fn
         self.probes = probes
-        self.states: list = []
+        self.roles: dict[int, tuple] = {}
         self.iterators: list[tuple[str, Any]] = []
         self.seen: set[int] = set()
 
-    def add(self, state) -> None:
-        self.states.append(state)
-        state.probe(self.probes)
+    def watch(self, probe: tuple, role: tuple) -> None:
+        """Add ``probe``, where a change is what ``role`` says (``_refuse_change``)."""
+        self.roles[len(self.probes)] = role
+        self.probes.append(probe)
 
-    def visit(self, value, text: str, depth: int) -> None:
+    def watch_object(self, text: str, obj, depth: int, nest: int) -> None:
+        """Watch a module's registries or a user object's attributes, and what they hold."""
+        if isinstance(obj, torch.nn.Module):
+            for registry in _REGISTRIES:
+                self.watch((_DICT, getattr(obj, registry)), (_REGISTRY, text, obj, registry))
+            own = {**_compat.module_parameters(obj), **_compat.module_buffers(obj)}
+            self.visit_items(text, own, depth, nest, ".{}")
+        self.watch((_DICT, vars(obj)), (_ATTRIBUTES, text, obj))
+        self.visit_items(text, _attributes(obj, vars(obj)), depth, nest, ".{}")
+
+    def visit_items(
+        self, text: str, items: dict, depth: int, nest: int, key: str, watched: bool = True
+    ) -> None:
+        """Visit the values in ``items``, each named as ``text`` and its ``key``."""
+        for k, value in items.items():
+            if type(value) not in _ATOMS:
+                self.visit(value, text + key.format(k), depth, nest + 1, watched)
+
+    def visit(self, value, text: str, depth: int, nest: int = 0, watched: bool = True) -> None:
+        """Visit ``value``, which the branch reaches as ``text``. A container that only
+        a library's code holds (``watched`` false) is read, not watched."""
         seen, probes = self.seen, self.probes
-        if id(value) in seen or depth > _MAX_DEPTH:
+        if id(value) in seen or nest > _MAX_NESTING or (depth > _MAX_DEPTH and _is_code(value)):
             if value is self.fn:  # It reaches itself, so _found keeps no record.
                 probes.append((_TYPE, value))
             return
@@ -694,17 +649,13 @@ class _Finder:
         if value is not self.fn:
             probes.append((_TYPE, value))
         if isinstance(value, torch.Tensor):
-            self.add(_TensorState(text, value))
+            self.watch((_TENSOR, value), (_AUTOGRAD, text))
         elif isinstance(value, torch.nn.Module):
             for name, module in value.named_modules():
                 if name == "" or id(module) not in seen:
                     seen.add(id(module))
                     probes.append((_TYPE, module))
-                    state = _ModuleState(f"{text}.{name}" if name else text, module)
-                    self.add(state)
-                    own = (_compat.module_parameters(module), _compat.module_buffers(module))
-                    for held in (*own, state.attrs):
-                        self.hold_attributes(state.text, held)
+                    self.watch_object(f"{text}.{name}" if name else text, module, depth, nest)
         elif isinstance(value, types.MethodType):
             self.visit(value.__self__, "self", depth)
             self.visit(value.__func__, text, depth)
@@ -720,38 +671,21 @@ class _Finder:
         elif callable(value) and not _user_code(type(value)) and hasattr(value, "__dict__"):
             probes.append((_DICT, vars(value)))
             for name, part in vars(value).items():  # Such as torchcond's wrappers of a branch.
-                self.visit(part, name, depth + 1)
+                self.visit(part, name, depth + 1, watched=False)
         elif _user_code(type(value)) and hasattr(value, "__dict__") and not isinstance(value, type):
-            obj = _ObjectState(text, value)
-            self.add(obj)
-            self.hold_attributes(text, obj.attrs)
+            self.watch_object(text, value, depth, nest)
         elif isinstance(value, _SEQUENCES):
             probe = _contents_probe(value)
-            if probe is not None:
+            if probe is not None and watched:
+                self.watch(probe, (_CONTENTS, text))
+            elif probe is not None:
                 probes.append(probe)
-            self.hold_items(text, value)
-
-    def hold(self, text: str, tensor: torch.Tensor) -> None:
-        """Watch the autograd state of ``tensor``, which the branch reaches as ``text``."""
-        if id(tensor) not in self.seen:
-            self.seen.add(id(tensor))
-            self.add(_TensorState(text, tensor))
-
-    def hold_attributes(self, owner: str, attrs: dict) -> None:
-        """Watch the tensors among an object's ``attrs``, and in lists, tuples and dicts
-        among them. Their object's state compares the attributes and the containers."""
-        for name, value in attrs.items():
-            if isinstance(value, torch.Tensor):
-                self.hold(f"{owner}.{name}", value)
-            elif isinstance(value, _SEQUENCES):
-                self.hold_items(f"{owner}.{name}", value)
-
-    def hold_items(self, text: str, value) -> None:
-        """Watch the tensors in a list, tuple or dict."""
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        for key, item in items:
-            if isinstance(item, torch.Tensor):
-                self.hold(f"{text}[{key!r}]", item)
+            if isinstance(value, set):
+                items, text, key = {k: k for k in value}, f"an item of {text}", ""
+            else:
+                items = value if isinstance(value, dict) else dict(enumerate(value))
+                key = "[{!r}]"
+            self.visit_items(text, items, depth, nest, key, watched)
 
     def visit_function(self, f: types.FunctionType, depth: int) -> None:
         probes = self.probes
@@ -769,7 +703,7 @@ class _Finder:
                 probes.append((_CELL, cell))
                 continue
             if user:
-                self.add(_VariableState(name, (_CELL, cell)))
+                self.watch((_CELL, cell), (_VARIABLE, name))
             else:
                 probes.append((_CELL, cell))
             self.visit(contents, name, depth + 1)
@@ -780,7 +714,7 @@ class _Finder:
         namespace = f.__globals__
         for name in _global_names(code):
             if name in namespace and not isinstance(namespace[name], types.ModuleType):
-                self.add(_VariableState(name, (_ITEM, namespace, name)))
+                self.watch((_ITEM, namespace, name), (_VARIABLE, name))
                 self.visit(namespace[name], name, depth + 1)
             else:  # An absent name or a module is only read.
                 probes.append((_ITEM, namespace, name))
