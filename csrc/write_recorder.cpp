@@ -37,6 +37,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -343,6 +344,7 @@ class Recorder {
     saved_.clear();
     refusal_.reset();
     copies_.clear();
+    copies_written_.clear();
   }
 
   // A write to `written` by `op` is about to land. Returns why it is refused, if it is;
@@ -354,7 +356,10 @@ class Recorder {
     const StorageId s = storage_of(t);
     if (s == nullptr) return std::nullopt;  // a wrapper: seen again on what it wraps
     for (const auto& [copy, i] : copies_) {
-      if (copy == s && view) return refuse(i, op, t, kMetadata);
+      if (copy != s) continue;
+      if (view) return refuse(i, op, t, kMetadata);
+      copies_written_.insert(i);
+      return std::nullopt;
     }
     if (made_.count(s) && !outside_.count(s)) return std::nullopt;
     int64_t first = -1, matches = 0;
@@ -414,6 +419,7 @@ class Recorder {
   }
 
   std::vector<std::pair<int64_t, at::Tensor>> saved() const { return saved_; }
+  std::vector<int64_t> copies_written() const { return {copies_written_.begin(), copies_written_.end()}; }
   std::optional<Refusal> refusal() const { return refusal_; }
   bool wrote() const { return !saved_.empty() || refusal_.has_value(); }
 
@@ -459,6 +465,7 @@ class Recorder {
 
   std::unordered_set<StorageId> made_, outside_;
   std::vector<std::pair<StorageId, int64_t>> copies_;
+  std::set<int64_t> copies_written_;  // the operands whose copy the branch wrote
   std::vector<std::pair<int64_t, at::Tensor>> saved_;
   std::optional<Refusal> refusal_;
   std::vector<std::pair<int64_t, AutogradHold>> held_;
@@ -831,6 +838,7 @@ void bind_write_recorder(pybind11::module& m) {
           "The dispatch key the recorder observes ops on, as a number (Python binds no name for it).")
       .def("rebase", &Recorder::rebase, "The operands of the next branch.")
       .def("copy_of", &Recorder::copy_of, "Operand i's copy, whose shape the branch may not change.")
+      .def_property_readonly("copies_written", &Recorder::copies_written, "The operands whose copy the branch wrote.")
       .def("mark_outside", &Recorder::mark_outside)
       .def("undo", &Recorder::undo)
       .def_property_readonly("wrote", &Recorder::wrote)

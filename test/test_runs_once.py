@@ -434,3 +434,38 @@ def test_the_watch_follows_attributes_8_deep_as_docs_select_says(length, watched
         else:
             select(False, t, _scaling, torch.zeros(2))
             assert last.n == 1
+
+
+@pytest.mark.parametrize("pre_dispatch", [False, True], ids=["make_fx", "pre_dispatch"])
+@pytest.mark.parametrize("tracing_mode", ["real", "fake", "symbolic"])
+def test_a_writing_branch_is_traced_once_where_a_gradient_may_be_taken(tracing_mode, pre_dispatch):
+    """A trace may be differentiated later, so every branch writes its own copy of an
+    operand that needs no gradient from the start: the writing branch is traced once
+    (before, make_fx traced it up to the write, then again on a copy), and the program
+    writes the taken branch's value."""
+
+    def t(x, y):
+        z = x * 2
+        y.add_(1)
+        return z + 1
+
+    def f(x, y):
+        return x - 1
+
+    def program(p, x, y):
+        return cond(p, t, f, (x, y), strategy="select")
+
+    for pred in (True, False):
+        x = torch.randn(3, requires_grad=True)
+        with Runs(t=t, f=f) as runs:
+            gm = make_fx(program, tracing_mode=tracing_mode, pre_dispatch=pre_dispatch)(
+                torch.tensor(pred), x, torch.zeros(3)
+            )
+        assert runs.counts == {"t": 1, "f": 1}
+        muls = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
+        assert len(muls) == 1  # no partial first run left in the graph
+        y, expected_y = torch.zeros(3), torch.zeros(3)
+        out = gm(torch.tensor(pred), x, y)
+        expected = (t if pred else f)(x, expected_y)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(y, expected_y)

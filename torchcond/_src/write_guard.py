@@ -83,11 +83,6 @@ _WHY = {_CODES[name]: text for name, text in _MESSAGES.items()}
 _NEEDS_GRAD, _BESIDE_COPY = _CODES["needs_grad"], _CODES["beside_copy"]
 
 
-class _CopyWanted(Exception):
-    """A branch's write to operand ``args[0]`` stopped before it landed. The branch
-    runs again and writes its own copy (BranchWrites.run_owning)."""
-
-
 class BranchWrites:
     """Records the writes of one conditional call's branches to its ``operands``, one
     branch at a time. Call ``run`` on a branch and then ``finish``, or call ``run_all``
@@ -102,29 +97,21 @@ class BranchWrites:
         self._needs_grad = list(refuse_grad)
         # The recorder stops some writes before they land. It stops a write to an
         # operand that needs a gradient. With ``owning``, it stops every write to an
-        # operand, so that the branch can run again on a copy.
+        # operand, since each branch writes its own copy.
         self._refuse = [
             needs or (owning and isinstance(t, _Tensor)) for needs, t in zip(refuse_grad, operands)
         ]
         self._owning = owning
-        # With ``owning``, these are the operands that each branch gets a copy of. Every
-        # branch writes copies from the start in eager code, so that no branch runs
-        # twice, and under export's pre-dispatch trace, where a write is in the graph
-        # before the recorder hears of it. Only the copies that it wrote, whose version
-        # moved, are new values. Other traces copy an operand once a branch writes it.
-        self._upfront = (
-            owning
-            and not _is_dynamo_compiling()
-            and (_compat.pre_dispatch_tracing() or not _compat.tracing_active())
+        # With ``owning``, these are the operands that each branch gets a copy of, from
+        # the start, so that no branch runs twice. Only the copies it wrote are new values.
+        self._copied: list[int] = (
+            [i for i, t in enumerate(operands) if isinstance(t, _Tensor) and not refuse_grad[i]]
+            if owning and not _is_dynamo_compiling()
+            else []
         )
         # Per run of a branch on copies: each copied operand's memory read through another
         # tensor the branch closes over (``note_closure_read``).
         self._aliases_read: dict[int, torch.Tensor] = {}
-        self._copied: list[int] = (
-            [i for i, t in enumerate(operands) if isinstance(t, _Tensor) and not refuse_grad[i]]
-            if self._upfront
-            else []
-        )
         self._wrote = False
         # The last branch's recorder. It is made when a branch runs.
         self._recorder: _C.WriteRecorder | None = None
@@ -211,41 +198,35 @@ class BranchWrites:
 
         The branch writes its own copy of an operand. The copy's value afterwards is
         the operand's new value. Putting the old value back in place, as ``run`` does,
-        would change a tensor that the graph saved. In eager code every branch gets a
-        copy of each operand that needs no gradient, so each runs once. In a trace
-        other than export's, a write to an operand that has no copy stops before it
-        lands, and the branch is traced again with a copy of it, as every later branch
-        is; a branch that writes nothing is traced once, on the operands. A copy's
-        shape, strides and storage are refused as an operand's are.
+        would change a tensor that the graph saved. Every branch gets a copy of each
+        operand that needs no gradient, so each runs once, traced too. A copy's shape,
+        strides and storage are refused as an operand's are.
 
         ``reads()`` gives the mode through which the branch reads the tensors it
         closes over, for one run (``closures.StandIns``). Through it, the branch reads
         its copy where it reads an operand that it was given a copy of."""
-        while True:
-            copied = tuple(self._copied)
-            self._aliases_read = {}
-            mode = reads()
+        copied = self._copied
+        self._aliases_read = {}
+        mode = reads()
 
-            def read_copy(i: int, copy: torch.Tensor, mode=mode) -> None:
-                mode.read_as(self._operands[i], copy)
-                mode.read_as(inputs[i], copy)
-                if self._recorder is not None:
-                    self._recorder.copy_of(i, copy)
+        def read_copy(i: int, copy: torch.Tensor) -> None:
+            mode.read_as(self._operands[i], copy)
+            mode.read_as(inputs[i], copy)
+            if self._recorder is not None:
+                self._recorder.copy_of(i, copy)
 
-            try:
-                out = self.run(label, _writing_copies(branch, copied, read_copy), inputs, mode)
-            except _CopyWanted as wanted:
-                self._copied.append(wanted.args[0])
-                continue
-            n = len(out) - len(copied)
-            self._refuse_stale_reads(copied, out[n:])
-            outputs, values = self.finish(out[:n])
-            for i, copy in zip(copied, out[n:]):
-                if not self._upfront or _compat.tensor_version(_functorch_base(copy)):
-                    values[i] = copy
-                else:  # Unwritten, so an output that is the copy is the operand.
-                    outputs = tuple(inputs[i] if o is copy else o for o in outputs)
-            return outputs, values
+        out = self.run(label, _writing_copies(branch, copied, read_copy), inputs, mode)
+        n = len(out) - len(copied)
+        # The recorder heard of each write to a copy (none under dynamo).
+        written = set(self._recorder.copies_written) if self._recorder is not None else set()
+        self._refuse_stale_reads(written)
+        outputs, values = self.finish(out[:n])
+        for i, copy in zip(copied, out[n:]):
+            if i in written:
+                values[i] = copy
+            else:  # Unwritten, so an output that is the copy is the operand.
+                outputs = tuple(inputs[i] if o is copy else o for o in outputs)
+        return outputs, values
 
     def note_closure_read(self, t: torch.Tensor) -> None:
         """Note a tensor the branch closes over that shares memory with an operand it
@@ -254,11 +235,11 @@ class BranchWrites:
             if self._operands[i] is not t and shares_storage(t, self._operands[i]):
                 self._aliases_read[i] = t
 
-    def _refuse_stale_reads(self, copied, copies) -> None:
+    def _refuse_stale_reads(self, written: set[int]) -> None:
         """Refuse a branch that wrote its copy of an operand and read the operand's memory
         through another tensor it closes over. That tensor still shows the old values."""
-        for i, copy in zip(copied, copies):
-            if i in self._aliases_read and _compat.tensor_version(_functorch_base(copy)):
+        for i in written:
+            if i in self._aliases_read:
                 shape = tuple(self._aliases_read[i].shape)
                 raise BranchMutationError.at(
                     "operand",
@@ -287,10 +268,7 @@ class BranchWrites:
             return
         recorder.undo()
         if refusal is not None and self._owning and refusal[3] == _NEEDS_GRAD:
-            operand = refusal[0]
-            if not self._needs_grad[operand]:
-                if operand not in self._copied:
-                    raise _CopyWanted(operand) from error
+            if not self._needs_grad[refusal[0]]:  # the branch writes its own copy of it
                 raise self.refused(*refusal[:3], _BESIDE_COPY) from error
         if refusal is not None and not isinstance(error, BranchMutationError):
             raise self.refused(*refusal) from error
