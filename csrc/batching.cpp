@@ -8,6 +8,7 @@
 #include <ATen/functorch/BatchedTensorImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -55,26 +56,23 @@ at::Tensor batch_first(const at::Tensor& t, int64_t level, const c10::SymInt& si
 // (state.ONE_CALL, with api._EAGER last). Its items are borrowed from it.
 struct OneCall {
   PyObject* record = nullptr;         // state._watched(fn, label) -> its _Found
-  PyObject* every_branch = nullptr;   // state._EVERY_BRANCH, a ContextVar
   PyObject* buffer_hooks = nullptr;   // torch's global buffer registration hooks (a dict)
   PyObject* missing = nullptr;        // state._MISSING
-  PyObject* forward_ad = nullptr;     // torch.autograd.forward_ad
-  PyObject* level_name = nullptr;     // its attribute that is >= 0 while a level is open
   PyObject* current_level = nullptr;  // torch._C._functorch.current_level
   EagerContext eager;                 // eager.cpp's context
 };
 
 bool one_call_of(PyObject* tuple, OneCall& out) {
-  if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != 8) return false;
+  if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != 5) return false;
   PyObject* const* items = &PyTuple_GET_ITEM(tuple, 0);
-  out = {items[0], items[1], items[2], items[3], items[4], items[5], items[6], {}};
-  return PyDict_Check(out.buffer_hooks) && PyUnicode_Check(out.level_name) && eager_context_of(items[7], out.eager);
+  out = {items[0], items[1], items[2], items[3], {}};
+  return PyDict_Check(out.buffer_hooks) && eager_context_of(items[4], out.eager);
 }
 
 // Whether `pred` is batched by the only torch.func level, a vmap. A level's id is one
 // more than the number of levels below it, so the only level is 1, and
-// torch._C._functorch.current_level() names the innermost one. Returns -1 with a
-// Python error set.
+// torch._C._functorch.current_level() names the innermost one (functorch's header for
+// it needs a library that torch does not ship). Returns -1 with a Python error set.
 int batched_by_only_level(const OneCall& ctx, const at::Tensor& pred) {
   const auto* batched = at::functorch::maybeGetBatchedImpl(pred);
   if (batched == nullptr || batched->level() != 1) return 0;
@@ -141,21 +139,15 @@ bool own_operands(const pybind11::tuple& operands, int64_t level) {
 }
 
 // What both entry points check of the call around the predicate: no gradient, no
-// forward-AD level, the recorder free, no buffer hooks, no mode, profiler or trace.
-// 1, 0 (the general path), or -1 with a Python error set.
+// forward-AD level (torch.autograd.forward_ad opens level 0, one at a time), the
+// recorder free, no buffer hooks, no mode, profiler or trace. 1, 0 (the general path),
+// or -1 with a Python error set.
 int plain_call(const OneCall& ctx, const at::Tensor& pred) {
   if (pred.scalar_type() != at::kBool || pred.dim() != 0 || at::GradMode::is_enabled() || !recorder_available() ||
-      PyDict_Size(ctx.buffer_hooks) != 0) {
+      PyDict_Size(ctx.buffer_hooks) != 0 || torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr) {
     return 0;
   }
-  const int plain = eager_context(ctx.eager, pred);
-  if (plain <= 0) return plain;
-  PyObject* level = PyObject_GetAttr(ctx.forward_ad, ctx.level_name);
-  if (level == nullptr) return -1;
-  const long open = PyLong_AsLong(level);
-  Py_DECREF(level);
-  if (open == -1 && PyErr_Occurred()) return -1;
-  return open < 0;  // a forward-AD level differentiates
+  return eager_context(ctx.eager, pred);
 }
 
 // Runs both branches and selects, where the callers have checked the call: with the
@@ -170,20 +162,6 @@ PyObject* run_both_and_select(const OneCall& ctx, PyObject* const* args, const a
     records[k] = py::reinterpret_steal<py::object>(PyObject_Vectorcall(ctx.record, call, 2, nullptr));
     if (!records[k]) return nullptr;
   }
-  // Both branches run, each as if untaken (state.every_branch_runs("select")).
-  static PyObject* const select_how = PyUnicode_InternFromString("select");
-  py::object token = py::reinterpret_steal<py::object>(PyContextVar_Set(ctx.every_branch, select_how));
-  if (!token) return nullptr;
-  struct Reset {
-    PyObject* var;
-    PyObject* token;
-    ~Reset() {
-      PyObject *type, *value, *traceback;
-      PyErr_Fetch(&type, &value, &traceback);
-      if (PyContextVar_Reset(var, token) < 0) PyErr_Clear();
-      PyErr_Restore(type, value, traceback);
-    }
-  } reset{ctx.every_branch, token.ptr()};
   py::tuple pair = py::make_tuple(py::handle(args[1]), py::handle(args[2]));
   py::tuple record_pair = py::make_tuple(records[0], records[1]);
   py::object recorder = new_recorder(operands.ptr());

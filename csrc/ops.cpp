@@ -20,7 +20,7 @@ namespace torchcond {
 // Bumped whenever a schema below or a function of torchcond._C changes.
 // torchcond/_extension.py compares it with its ABI_VERSION when torchcond is imported,
 // so a library left from another checkout fails the import with what to rebuild.
-constexpr int64_t kAbiVersion = 5;
+constexpr int64_t kAbiVersion = 6;
 
 int64_t abi_version() { return kAbiVersion; }
 

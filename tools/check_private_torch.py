@@ -41,6 +41,8 @@ CPP_USES: dict[str, tuple[str, tuple[str, ...]]] = {
     "at::functorch::maybeGetBatchedImpl": (_WRAPPERS, ("batching", "write_recorder")),
     "at::functorch::isBatchedTensor": (_WRAPPERS, ("batching", "eager")),
     "at::functorch::addBatchDim": ("vmap's batched tensor of a batch-first one", ("batching",)),
+    "torch/csrc/autograd/forward_grad.h": ("whether a forward-AD level is open", ("batching",)),
+    "torch::autograd::ForwardADLevel": ("whether a forward-AD level is open", ("batching",)),
     "ATen/FunctionalTensorWrapper.h": (_WRAPPERS, ("write_recorder",)),
     "at::functionalization::impl::isFunctionalTensor": (_WRAPPERS, ("write_recorder",)),
     "at::functionalization::impl::unsafeGetFunctionalWrapper": (_WRAPPERS, ("write_recorder",)),
@@ -82,7 +84,8 @@ _CPP_PRIVATE = re.compile(
     r"|ATen/FunctionalTensorWrapper\.h|ATen/PythonTorchFunctionTLS\.h"
     r"|ATen/core/LegacyTypeDispatch\.h)>"
     r"|(at::functorch::\w+|c10::impl::\w+(?:::\w+)?|at::impl::\w+(?:::\w+)?"
-    r"|at::functionalization::impl::\w+|torch::jit::tracer::\w+|DispatchKey::DeferredInit"
+    r"|at::functionalization::impl::\w+|torch::jit::tracer::\w+|torch::autograd::ForwardADLevel"
+    r"|DispatchKey::DeferredInit"
     r"|->backward_hooks|->post_accumulate_grad_hooks|THPVariableClass)"
 )
 _CPP_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")

@@ -17,7 +17,7 @@ import torch
 
 # Bump this with every change to the operators' schemas or torchcond._C's functions.
 # It must match kAbiVersion in csrc/ops.cpp.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REBUILD = (

@@ -1001,11 +1001,6 @@ def let_higher_order_ops_pass(key_number: int) -> None:
         op.fallthrough(key)
 
 
-# What the eager per-example cond in C++ reads (csrc/batching.cpp): the forward-AD
-# module with the name of its attribute that is >= 0 while a level is open, and the
-# innermost torch.func level's id, one more than the levels below it (2.11-2.15).
-PER_EXAMPLE_STATE = (
-    _forward_ad,
-    "_current_level",
-    torch._C._functorch.current_level,
-)
+# The innermost torch.func level's id, one more than the levels below it; it raises
+# with no level (2.11-2.15). The eager per-example cond in C++ reads it (batching.cpp).
+current_functorch_level = torch._C._functorch.current_level

@@ -394,7 +394,9 @@ def _dead_wrappers(kind: ConditionalKind, selector, branches, operands):
 
 
 def _all_branches_merged(kind, branches, operands, shape_env):
-    return _merged(kind, branches, [tuple(b(*operands)) for b in branches], shape_env)
+    with state.every_branch_runs():
+        outs = [tuple(b(*operands)) for b in branches]
+    return _merged(kind, branches, outs, shape_env)
 
 
 def _merged(kind, branches, outs, shape_env, outside: frozenset = frozenset()):

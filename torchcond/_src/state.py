@@ -209,8 +209,13 @@ def refuse_under_select(label: str, attr: str) -> NoReturn:
 # --- branches traced as Python: make_fx, non-strict export ---------------------------
 
 # Set while the branches of a conditional run whether or not they are taken. The value
-# is "trace" (make_fx, non-strict export, fake tensors) or "select" (the branches run
-# for real and a select picks their outputs).
+# is "trace" (make_fx, non-strict export, fake and meta tensors) or "select" (the
+# branches run for real and a select picks their outputs). It is set only through
+# ``every_branch_runs``, by the rules that run every branch (tracing.trace_branches,
+# ops.py's fake and meta rules, strategies.run_every_branch), and read only by
+# ``run_branch``: the rules run branches wrapped (``Mapped``, ``logical_sizes``), so
+# only the user's branch (``pytrees.FlatBranch``) can watch itself. The one-call paths
+# in C++ watch the branches they call themselves.
 _EVERY_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "torchcond_every_branch", default=None
 )
@@ -434,7 +439,7 @@ def _buffer_writes(found: _Found, label: str, buffers: dict, under_select: bool)
 _WORLD = (_compat.BUFFER_REGISTRATION_HOOKS, _MISSING)
 # What the eager one-call paths in C++ read and call (OneCall in csrc/batching.cpp),
 # passed with each call (api.py adds the eager context).
-ONE_CALL = (_watched, _EVERY_BRANCH, *_WORLD, *_compat.PER_EXAMPLE_STATE)
+ONE_CALL = (_watched, *_WORLD, _compat.current_functorch_level)
 
 
 # A module's own bookkeeping in its __dict__ (hooks, registries, ``training``). It is
