@@ -28,7 +28,6 @@ over (read through ``closures.StandIns``), where they need a gradient.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple, get_args
 
@@ -172,11 +171,9 @@ def run_every_branch(
             # writes its own copies of them (BranchWrites.run_owning).
             outputs, values, given = [], [], []
             for k, (branch, label) in enumerate(zip(branches, labels)):
-                mask = _Mask(first, which, k)
+                mask = _mask(first, which, k)
                 inputs = _masked(mask(), operands, guarded) if guarded else operands
-                reads = functools.partial(
-                    _closures_masked, mask, inputs, writes, guards, grad_mode, label
-                )
+                reads = _closures_masked(mask, inputs, writes, guards, grad_mode, label)
                 outs, new_values = writes.run_owning(label, branch, inputs, reads)
                 outputs.append(outs)
                 values.append(new_values)
@@ -204,23 +201,16 @@ def _every_branch(which, first, outputs, values, given, operands) -> EveryBranch
     return EveryBranch(which, first, outputs, written, same)
 
 
-class _Mask:
-    """Where branch ``k`` is taken, computed once on first use."""
+def _mask(first: torch.Tensor, which: torch.Tensor | None, k: int) -> Callable:
+    """Return a function that gives where branch ``k`` is taken, computed on first use."""
+    made: list[torch.Tensor] = []  # a list, for the reason in pytrees.Outputs
 
-    def __init__(self, first: torch.Tensor, which: torch.Tensor | None, k: int):
-        self.first, self.which, self.k = first, which, k
-        # A list, not an attribute set later, for the reason in pytrees.Outputs.
-        self.value: list[torch.Tensor] = []
+    def mask() -> torch.Tensor:
+        if not made:
+            made.append(first if k == 0 else ~first if which is None else which == k)
+        return made[0]
 
-    def __call__(self) -> torch.Tensor:
-        if not self.value:
-            if self.k == 0:
-                self.value.append(self.first)
-            elif self.which is None:
-                self.value.append(~self.first)
-            else:
-                self.value.append(self.which == self.k)
-        return self.value[0]
+    return mask
 
 
 def _gradient_guard(
@@ -261,7 +251,12 @@ def _differentiable_dtype(t: torch.Tensor) -> bool:
 
 
 def _closures_masked(
-    mask: _Mask, inputs, writes: BranchWrites, guards, grad_mode: bool, label: str
+    mask: Callable[[], torch.Tensor],
+    inputs,
+    writes: BranchWrites,
+    guards,
+    grad_mode: bool,
+    label: str,
 ):
     """Return a context that masks each closed-over tensor that ``guards`` picks, as
     ``_masked`` does for operands. ``label`` names the branch."""

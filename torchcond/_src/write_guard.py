@@ -36,13 +36,12 @@ subgraph that writes to anything from outside it (api._select_path).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
 from .. import _C, _compat
 from ..errors import BranchMutationError, UnsupportedCondError
-from .closures import under_modes
+from .closures import StandIns, under_modes
 
 _Tensor = torch.Tensor
 _functorch_base = _compat.functorch_base
@@ -191,7 +190,7 @@ class BranchWrites:
         return out
 
     def run_owning(
-        self, label: str, branch: Callable, inputs: Sequence, reads: Callable[[], Any]
+        self, label: str, branch: Callable, inputs: Sequence, mode: StandIns
     ) -> tuple[tuple, dict[int, torch.Tensor]]:
         """Call ``run`` then ``finish`` for a branch whose autograd graph may keep what it
         writes. This happens when a gradient may be taken, now or of a trace.
@@ -202,12 +201,10 @@ class BranchWrites:
         operand that needs no gradient, so each runs once, traced too. A copy's shape,
         strides and storage are refused as an operand's are.
 
-        ``reads()`` gives the mode through which the branch reads the tensors it
-        closes over, for one run (``closures.StandIns``). Through it, the branch reads
-        its copy where it reads an operand that it was given a copy of."""
+        ``mode`` is how the branch reads the tensors it closes over. Through it, the
+        branch reads its copy where it reads an operand that it was given a copy of."""
         copied = self._copied
         self._aliases_read = {}
-        mode = reads()
 
         def read_copy(i: int, copy: torch.Tensor) -> None:
             mode.read_as(self._operands[i], copy)
