@@ -5,7 +5,9 @@ Runs are counted from outside the branches, with a profile hook, so that countin
 changes nothing a branch can reach.
 """
 
+import collections
 import itertools
+import logging
 import re
 import sys
 
@@ -252,6 +254,8 @@ class _Holder(torch.nn.Module):
         self.counter = _Counter()
         self.handlers = [_Counter()]
         self.nested = {"log": [[]]}
+        self.ordered = collections.OrderedDict(a=1)
+        self.logger = logging.getLogger("torchcond.test")
 
 
 def _default_log(x, log=[]):  # noqa: B006 (the default is the state)
@@ -265,6 +269,7 @@ HELD = {
     "attribute of an attribute": "false_fn sets self.counter.n to int (1)",
     "object in a list": "false_fn sets self.handlers[0].n to int (1)",
     "list in a list": "false_fn changes self.nested['log'][0] (a list)",
+    "ordered dict": "false_fn changes self.ordered (a OrderedDict)",
 }
 
 
@@ -284,6 +289,8 @@ def test_state_held_in_attributes_and_items_is_put_back_and_refused(how, held):
             self.counter.n += 1
         elif held == "object in a list":
             self.handlers[0].n += 1
+        elif held == "ordered dict":
+            self.ordered["b"] = 2
         else:
             self.nested["log"][0].append(1)
         return x - 1
@@ -293,6 +300,24 @@ def test_state_held_in_attributes_and_items_is_put_back_and_refused(how, held):
             how(True, t, f, torch.randn(3, 4))
     assert runs.counts == {"t": 1, "f": 1}
     assert (self.counter.n, self.handlers[0].n, self.nested) == (0, 0, {"log": [[]]})
+    assert dict(self.ordered) == {"a": 1}
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_objects_of_pythons_own_classes_keep_their_state_to_themselves(how):
+    """docs/select.rst: the attributes of objects of Python's and torch's classes are not
+    watched. A logger's call in an untaken branch runs, as ``print`` does; the walk
+    does not follow the logger into the logging module's streams."""
+    self = _Holder()
+
+    def t(x):
+        self.logger.debug("taken or not")
+        return x + 1
+
+    with torch.no_grad():
+        torch.testing.assert_close(
+            how(False, t, _scaling, torch.ones(3, 2)), torch.full((3, 2), 2.0)
+        )
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -557,7 +557,8 @@ def _put_back(role: tuple, probe: tuple, before) -> None:
         value.update(_pairs(before) if isinstance(value, dict) else before)
 
 
-_LIBRARIES = frozenset(("torch", "torchcond", "functools", "builtins", "typing", "contextlib"))
+# Code whose objects keep their state to themselves: torch's, torchcond's and Python's.
+_LIBRARIES = frozenset(("torch", "torchcond", *sys.stdlib_module_names))
 
 
 def _user_code(value) -> bool:
