@@ -1629,3 +1629,34 @@ def test_a_branch_that_runs_untaken_is_refused_where_the_recorder_key_is_taken(m
     x = torch.tensor([1.0, -2.0])
     with pytest.raises(torchcond.UnsupportedCondError, match="true_fn runs whether or not"):
         torchcond.cond(torch.tensor(True), torch.sin, torch.cos, (x,), strategy="select")
+
+
+@pytest.mark.parametrize("grad_mode", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("where", ["select", "per_example_vmap"])
+def test_every_branch_under_torch_func_functionalize_raises_as_docs_select_says(where, grad_mode):
+    """docs/select.rst: where every branch runs, torch.func.functionalize fails with
+    torch's error, and nothing is written. torchcond does not see a branch's writes
+    through functionalize's wrappers, so a torch that let this run would give wrong
+    values: this test says when that changes."""
+
+    def t(x, y):
+        y.add_(1)
+        return x * 2
+
+    def f(x, y):
+        y.add_(2)
+        return x * 3
+
+    if where == "select":
+        x, y = torch.ones(2), torch.zeros(2)
+
+        def prog(x, y):
+            return torchcond.cond(x.sum() > 0, t, f, (x, y), strategy="select")
+
+    else:
+        x, y = torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1)
+        prog = torch.vmap(lambda x, y: torchcond.cond(x.sum() > 0, t, f, (x, y)))
+    with torch.set_grad_enabled(grad_mode):
+        with pytest.raises(RuntimeError, match="NYI: Functionalize rule for custom_function_call"):
+            torch.func.functionalize(prog)(x, y)
+    assert y.eq(0).all()
