@@ -415,6 +415,8 @@ def transformed(fun, kind: Kind, names: list[str], vmap):
             fun = _vjp(fun, wrt)
         elif name == "jvp":
             fun = _jvp(fun, wrt)
+        elif name == "functionalize":
+            fun = torch.func.functionalize(fun)
         elif name in ("vmap", "vmap_shared"):
             in_dims = (0, 0 if kind.y_batched else None, 0 if name == "vmap" else None)
             fun = vmap(fun, in_dims=in_dims, out_dims=kind.out_dims if depth == 0 else 0)
@@ -508,7 +510,16 @@ PAIRS = [
     "vmap.vmap",
 ]
 OUTSIDE = ["autograd", "autograd2", "autograd.vmap", "autograd.vmap_shared", "autograd.grad"]
-TRANSFORMS = SINGLES + PAIRS + OUTSIDE
+# Transforms added after the sample was first drawn. The sample draws its other cases
+# from DRAWN alone, so that they stay the same, and gives these cases of their own.
+LATER_TRANSFORMS = [
+    "functionalize",
+    "functionalize.grad",
+    "grad.functionalize",
+    "functionalize.vmap",
+]
+DRAWN = SINGLES + PAIRS + OUTSIDE
+TRANSFORMS = DRAWN + LATER_TRANSFORMS
 OPS = ["cond", "switch"]
 STRATEGIES = ["auto", "select"]
 
@@ -644,7 +655,7 @@ def sample(seed: int = 26) -> list[Case]:
     first_kinds = [k for k in KINDS if k not in LATER_KINDS]
     for context in CONTEXTS:
         transforms, kinds = (
-            rng.sample(TRANSFORMS, len(TRANSFORMS)),
+            rng.sample(DRAWN, len(DRAWN)),
             rng.sample(first_kinds, len(first_kinds)),
         )
         for i in range(SAMPLE_SIZE[context]):
@@ -661,11 +672,34 @@ def sample(seed: int = 26) -> list[Case]:
         later = random.Random(seed + 1 + k)
         for context in CONTEXTS:
             case = Case(
-                context, later.choice(TRANSFORMS), kind, later.choice(OPS), later.choice(STRATEGIES)
+                context, later.choice(DRAWN), kind, later.choice(OPS), later.choice(STRATEGIES)
+            )
+            if case not in chosen:
+                chosen.append(case)
+    for k, transform in enumerate(LATER_TRANSFORMS):
+        later = random.Random(seed + 100 + k)
+        for context, strategy in LATER_TRANSFORM_CONTEXTS:
+            case = Case(
+                context,
+                transform,
+                later.choice(first_kinds),
+                later.choice(OPS),
+                strategy or later.choice(STRATEGIES),
             )
             if case not in chosen:
                 chosen.append(case)
     return chosen
+
+
+# Where the sample meets each of LATER_TRANSFORMS, with the strategy where it is set.
+LATER_TRANSFORM_CONTEXTS = [
+    ("eager", "auto"),
+    ("eager", "select"),
+    ("fx-fake", None),
+    ("fx-real", None),
+    ("export-nonstrict", None),
+    ("compile-eager", None),
+]
 
 
 CASES = ALL if FULL else sample()

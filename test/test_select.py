@@ -17,7 +17,7 @@ import torch
 from cuda_emulation import emulation_ops
 
 import torchcond
-from torchcond import CondArgumentError, select, select_n
+from torchcond import CondArgumentError, UnsupportedCondError, select, select_n
 from torchcond._src.api import _ONE_CALL as ONE_CALL
 
 OPS = torch.ops.torchcond
@@ -1633,11 +1633,12 @@ def test_a_branch_that_runs_untaken_is_refused_where_the_recorder_key_is_taken(m
 
 @pytest.mark.parametrize("grad_mode", [True, False], ids=["grad", "no_grad"])
 @pytest.mark.parametrize("where", ["select", "per_example_vmap"])
-def test_every_branch_under_torch_func_functionalize_raises_as_docs_select_says(where, grad_mode):
-    """docs/select.rst: where every branch runs, torch.func.functionalize fails with
-    torch's error, and nothing is written. torchcond does not see a branch's writes
-    through functionalize's wrappers, so a torch that let this run would give wrong
-    values: this test says when that changes."""
+def test_every_branch_under_torch_func_functionalize_is_refused_as_docs_select_says(
+    where, grad_mode
+):
+    """docs/select.rst: where every branch runs, torch.func.functionalize is refused,
+    and nothing is written. The recorder does not see a branch's writes through
+    functionalize's wrappers: run there, the branches' writes were lost."""
 
     def t(x, y):
         y.add_(1)
@@ -1657,6 +1658,15 @@ def test_every_branch_under_torch_func_functionalize_raises_as_docs_select_says(
         x, y = torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1)
         prog = torch.vmap(lambda x, y: torchcond.cond(x.sum() > 0, t, f, (x, y)))
     with torch.set_grad_enabled(grad_mode):
-        with pytest.raises(RuntimeError, match="NYI: Functionalize rule for custom_function_call"):
+        with pytest.raises(
+            UnsupportedCondError, match=r"cannot run under torch\.func\.functionalize"
+        ):
             torch.func.functionalize(prog)(x, y)
     assert y.eq(0).all()
+
+
+def test_torchcond_select_under_torch_func_functionalize_is_refused():
+    pred, a, b = torch.tensor([True, False]), torch.ones(2), torch.zeros(2)
+    with pytest.raises(UnsupportedCondError, match=r"cannot run under torch\.func\.functionalize"):
+        torch.func.functionalize(lambda a, b: select(pred, [a], [b]))(a, b)
+    assert select(pred, [a], [b])[0].tolist() == [1.0, 0.0]

@@ -320,6 +320,35 @@ def test_functionalized_trace():
         torch.testing.assert_close(gm(x), f(x))
 
 
+@pytest.mark.parametrize("tracing_mode", ["real", "fake", "symbolic"])
+def test_a_closure_under_grad_of_functionalize_traced_is_refused_and_an_operand_works(
+    tracing_mode,
+):
+    # torch.func.grad around functionalize, traced: a tensor that the branches close
+    # over reaches the conditional still wrapped by grad's level, which is set aside.
+    # It used to recurse until Python's limit.
+    x, y = torch.randn(3), torch.randn(3)
+
+    def closed(x, y):
+        return cond(x.sum() > 0, lambda x: (x * y).sin(), lambda x: (x * y).cos(), (x,)).sum()
+
+    def passed(x, y):
+        return cond(x.sum() > 0, lambda x, y: (x * y).sin(), lambda x, y: (x * y).cos(), (x, y))
+
+    def traced(f):
+        fn = torch.func.grad(torch.func.functionalize(f), argnums=(0, 1))
+        return make_fx(fn, tracing_mode=tracing_mode)(x, y)
+
+    with pytest.raises(torchcond.UnsupportedCondError, match="as operands"):
+        traced(closed)
+    gm = traced(lambda x, y: passed(x, y).sum())
+    for sign in (1.0, -1.0):
+        xs = sign * x.abs()
+        want = torch.func.grad(lambda x, y: passed(x, y).sum(), argnums=(0, 1))(xs, y)
+        for got, expected in zip(gm(xs, y), want):
+            torch.testing.assert_close(got, expected)
+
+
 def test_symbool_predicate_stays_symbolic():
     def f(x):
         return cond(x.shape[0] > 4, lambda x: x * 2, lambda x: x.cos(), (x,))

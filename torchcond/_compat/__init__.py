@@ -159,6 +159,7 @@ DIFFERENTIATING_TRANSFORMS = FUNCTORCH_TRANSFORMS[:2]
 GRAD_TRANSFORM = torch._C._functorch.TransformType.Grad
 JVP_TRANSFORM = torch._C._functorch.TransformType.Jvp
 VMAP_TRANSFORM = torch._C._functorch.TransformType.Vmap
+FUNCTIONALIZE_TRANSFORM = torch._C._functorch.TransformType.Functionalize
 
 
 def functorch_base(t: torch.Tensor) -> torch.Tensor:
@@ -850,6 +851,11 @@ def transform_level_active(*keys) -> bool:
     2.11-2.15."""
     stack = _interpreter_stack() if _peek_interpreter_stack() is not None else None
     return any(i.key() in keys for i in stack or ())
+
+
+def functionalize_level_active() -> bool:
+    """Return whether a torch.func.functionalize level is active. 2.11-2.15."""
+    return transform_level_active(FUNCTIONALIZE_TRANSFORM)
 
 
 def unexported_level_active() -> bool:

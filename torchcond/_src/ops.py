@@ -386,8 +386,17 @@ def call(kind: ConditionalKind, selector, branches, operands):
 
 def _dead_wrappers(kind: ConditionalKind, selector, branches, operands):
     """Treat tensors of an ended torch.func level as the tensors they wrap."""
-    operands = tuple(map(_compat.unwrap_if_dead, operands))
-    return kind.op(*pack(_compat.unwrap_if_dead(selector), branches, operands))
+    inner = tuple(map(_compat.unwrap_if_dead, operands))
+    inner_selector = _compat.unwrap_if_dead(selector)
+    if inner_selector is selector and all(a is b for a, b in zip(inner, operands)):
+        # The level is alive but set aside, so the same call would come back here.
+        raise UnsupportedCondError(
+            f"{kind.name} received a tensor of a torch.func level that is set aside "
+            "here. This happens to a tensor a branch closes over when torch.func.grad "
+            "(or another transform) runs around torch.func.functionalize in a trace: "
+            "pass the tensors the branches close over as operands"
+        )
+    return kind.op(*pack(inner_selector, branches, inner))
 
 
 # --- helpers -------------------------------------------------------------------------

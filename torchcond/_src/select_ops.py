@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .. import _C, _compat
-from ..errors import CondArgumentError
+from ..errors import CondArgumentError, UnsupportedCondError
 from .untraced import refuse_untraced
 
 __all__ = ["select", "select_n"]
@@ -535,10 +535,25 @@ def _needs_function(sel, values) -> bool:
         return False
     # A vmap level alone needs no Function, because the op's own vmap rule batches it.
     wrapped = _compat.is_differentiated_by_transform
-    if wrapped(sel) or any(wrapped(v) for v in values):
-        return True
     has = _compat.has_tangent  # returns at once when no forward-AD level is active
-    return has(sel) or any(has(v) for v in values)
+    if not (wrapped(sel) or has(sel) or any(wrapped(v) or has(v) for v in values)):
+        return False
+    if _compat.functionalize_level_active():
+        raise UnsupportedCondError(_UNDER_FUNCTIONALIZE)
+    return True
+
+
+# torch.func.functionalize has no rule for an autograd.Function (2.11-2.15). Without
+# the Function, the select would run, but the write recorder sees no write through
+# functionalize's wrappers, so a branch's writes would be lost.
+_UNDER_FUNCTIONALIZE = (
+    "torchcond's select cannot run under torch.func.functionalize. It runs where every "
+    "branch of a conditional runs (strategy='select', or vmap with a per-example "
+    "predicate) and in torchcond.select, and torchcond cannot see what a branch writes "
+    "through functionalize's wrappers. Pick the branch on the host (strategy='auto' "
+    "with a predicate the host can read), or let torch.export or torch.compile "
+    "functionalize the program"
+)
 
 
 def _differentiable(kind: _Kind, selector, *args) -> list[torch.Tensor]:
