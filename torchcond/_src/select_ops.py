@@ -536,7 +536,10 @@ def _needs_function(sel, values) -> bool:
     # A vmap level alone needs no Function, because the op's own vmap rule batches it.
     wrapped = _compat.is_differentiated_by_transform
     has = _compat.has_tangent  # returns at once when no forward-AD level is active
-    if not (wrapped(sel) or has(sel) or any(wrapped(v) or has(v) for v in values)):
+    # Wrappers first: under vmap, has_tangent's _unpack_dual has no batching rule.
+    if not (
+        wrapped(sel) or any(wrapped(v) for v in values) or has(sel) or any(has(v) for v in values)
+    ):
         return False
     if _compat.functionalize_level_active():
         raise UnsupportedCondError(_UNDER_FUNCTIONALIZE)
