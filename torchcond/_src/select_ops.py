@@ -535,15 +535,10 @@ def _needs_function(sel, values) -> bool:
         return False
     # A vmap level alone needs no Function, because the op's own vmap rule batches it.
     wrapped = _compat.is_differentiated_by_transform
+    if wrapped(sel) or any(wrapped(v) for v in values):
+        return True
     has = _compat.has_tangent  # returns at once when no forward-AD level is active
-    # Wrappers first: under vmap, has_tangent's _unpack_dual has no batching rule.
-    if not (
-        wrapped(sel) or any(wrapped(v) for v in values) or has(sel) or any(has(v) for v in values)
-    ):
-        return False
-    if _compat.functionalize_level_active():
-        raise UnsupportedCondError(_UNDER_FUNCTIONALIZE)
-    return True
+    return has(sel) or any(has(v) for v in values)
 
 
 # torch.func.functionalize has no rule for an autograd.Function (2.11-2.15). Without
@@ -566,6 +561,8 @@ def _differentiable(kind: _Kind, selector, *args) -> list[torch.Tensor]:
     if not _compat.is_dynamo_compiling() and _compat.pre_dispatch_tracing():
         refuse_untraced(kind.qualname, kind.labelled(*args))
     if values and _needs_function(selector, values):
+        if _compat.functionalize_level_active():
+            raise UnsupportedCondError(_UNDER_FUNCTIONALIZE)
         num_branches = len(kind.branches(selector, *args))
         return list(_SelectFunction.apply(kind, selector, num_branches, *values))
     return kind.op(selector, *args)
